@@ -1,0 +1,24 @@
+"""torchfit: will it fit, what is the biggest batch, and how to make it smaller and faster.
+
+Importing torchfit loads only torch and numpy; transformers, accelerate, bitsandbytes
+and matplotlib load when a function that needs them is called.
+"""
+
+from torchfit import memory
+from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit.memory import GPU, MemoryEstimate, gpu, measure_peak
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPU",
+    "DType",
+    "MemoryEstimate",
+    "__version__",
+    "format_bytes",
+    "gpu",
+    "measure_peak",
+    "memory",
+    "parse_bytes",
+    "parse_dtype",
+]

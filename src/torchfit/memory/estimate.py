@@ -1,0 +1,205 @@
+"""`MemoryEstimate`: the one currency of torchfit's memory module.
+
+Every estimator (analytic, traced) returns one, every decision (`fits`, batch-size
+solving) consumes one, and every test compares one with a real `Measurement`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from torchfit._units import format_bytes
+
+__all__ = ["CATEGORIES", "AffineEstimate", "MemoryEstimate"]
+
+#: The byte categories of an estimate, in the order tables print them.
+CATEGORIES: tuple[str, ...] = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "kv_cache",
+    "workspace",
+    "overhead",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted memory of one step, in bytes, broken down at the moment of the peak.
+
+    The seven categories add up to `total`, the predicted peak of allocated bytes
+    (what ``torch.cuda.max_memory_allocated`` reports, or what `measure_peak` measures
+    on CPU). `reserved` is the caching allocator's view of that peak (segments held),
+    and `device_total` adds the CUDA `context`, which the allocator never sees: it is
+    the figure ``nvidia-smi`` shows.
+
+    Attributes:
+        weights: Parameters and buffers (quantized weights with their scales).
+        gradients: Gradients alive at the peak.
+        optimizer: Optimizer state (moments, momentum, fp32 master weights).
+        activations: Tensors saved for backward, inputs, outputs and loss logits.
+        kv_cache: Keys and values cached for generation.
+        workspace: Transient buffers: kernel scratch, attention scores in flight,
+            optimizer temporaries, cuBLAS/cuDNN workspaces.
+        overhead: Other allocated bytes (autocast weight copies, allocator rounding).
+        reserved: Bytes the CUDA caching allocator holds at the peak; ``None`` when not
+            modelled (CPU estimates).
+        context: CUDA context and library handles outside the allocator (0 on CPU).
+        device: ``"cuda"`` or ``"cpu"``: the device the rules were applied for.
+        notes: The rules the estimator applied, in words (e.g. the SDPA backend chosen).
+
+    Example:
+        >>> e = MemoryEstimate(weights=4 * 2**20, activations=2**20)
+        >>> e.total
+        5242880
+        >>> (e * 2).activations
+        2097152
+        >>> (e + e).weights == 2 * e.weights
+        True
+    """
+
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    kv_cache: int = 0
+    workspace: int = 0
+    overhead: int = 0
+    reserved: int | None = None
+    context: int = 0
+    device: str = "cuda"
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in (*CATEGORIES, "context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"MemoryEstimate.{name} must be an int of bytes; got {value!r}")
+            if value < 0:
+                raise ValueError(f"MemoryEstimate.{name} must be >= 0 bytes; got {value}")
+        if self.reserved is not None and self.reserved < 0:
+            raise ValueError(f"MemoryEstimate.reserved must be >= 0 bytes; got {self.reserved}")
+
+    @property
+    def total(self) -> int:
+        """Predicted peak of allocated bytes: the sum of the seven categories."""
+        return sum(getattr(self, name) for name in CATEGORIES)
+
+    @property
+    def model_states(self) -> int:
+        """Weights + gradients + optimizer state: the part that does not scale with batch."""
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def device_total(self) -> int:
+        """What ``nvidia-smi`` would show: reserved (or allocated) bytes plus the context."""
+        held = self.total if self.reserved is None else max(self.reserved, self.total)
+        return held + self.context
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        """Yield ``(category, bytes)`` pairs in table order."""
+        for name in CATEGORIES:
+            yield name, getattr(self, name)
+
+    def replace(self, **changes: Any) -> MemoryEstimate:
+        """Return a copy with some fields changed (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        """Add field by field; notes are concatenated without repeats."""
+        if not isinstance(other, MemoryEstimate):
+            return NotImplemented
+        reserved = (
+            None
+            if self.reserved is None or other.reserved is None
+            else self.reserved + other.reserved
+        )
+        notes = tuple(dict.fromkeys((*self.notes, *other.notes)))
+        fields = {name: getattr(self, name) + getattr(other, name) for name in CATEGORIES}
+        return MemoryEstimate(
+            **fields,
+            reserved=reserved,
+            context=max(self.context, other.context),
+            device=self.device,
+            notes=notes,
+        )
+
+    def __mul__(self, factor: float) -> MemoryEstimate:
+        """Scale every byte category (not the context) by ``factor``, rounding up."""
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            return NotImplemented
+        if factor < 0 or not math.isfinite(factor):
+            raise ValueError(f"an estimate can only be scaled by a finite factor >= 0; got {factor}")
+        fields = {name: math.ceil(getattr(self, name) * factor) for name in CATEGORIES}
+        reserved = None if self.reserved is None else math.ceil(self.reserved * factor)
+        return MemoryEstimate(
+            **fields, reserved=reserved, context=self.context, device=self.device, notes=self.notes
+        )
+
+    __rmul__ = __mul__
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field plus ``total`` and ``device_total``, as plain Python values."""
+        data = dataclasses.asdict(self)
+        data["notes"] = list(self.notes)
+        data["total"] = self.total
+        data["device_total"] = self.device_total
+        return data
+
+    def __str__(self) -> str:
+        """A table in binary units, categories first, then the allocator and device view."""
+        rows = [(name, value) for name, value in self.items() if value]
+        rows.append(("total (allocated peak)", self.total))
+        if self.reserved is not None:
+            rows.append(("reserved (allocator)", self.reserved))
+        if self.context:
+            rows.append(("CUDA context", self.context))
+        if self.reserved is not None or self.context:
+            rows.append(("device total (nvidia-smi)", self.device_total))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"MemoryEstimate ({self.device})"]
+        lines += [f"  {name:<{width}}  {format_bytes(value):>12}" for name, value in rows]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class AffineEstimate:
+    """Memory as a function of batch size: ``fixed + batch_size * per_sample``.
+
+    Activations, KV cache and most workspace grow linearly with the batch; model
+    states do not. Batch-size solving inverts this line.
+
+    Example:
+        >>> line = AffineEstimate(MemoryEstimate(weights=1000), MemoryEstimate(activations=10))
+        >>> line.at(8).total
+        1080
+        >>> line.max_batch_size(1500)
+        50
+    """
+
+    fixed: MemoryEstimate
+    per_sample: MemoryEstimate
+
+    def at(self, batch_size: int) -> MemoryEstimate:
+        """The estimate at ``batch_size`` samples."""
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0; got {batch_size}")
+        return self.fixed + self.per_sample * batch_size
+
+    def max_batch_size(self, budget_bytes: int) -> int:
+        """The largest batch whose `total` stays within ``budget_bytes`` (0 if none fits)."""
+        room = budget_bytes - self.fixed.total
+        per = self.per_sample.total
+        if room < 0:
+            return 0
+        if per <= 0:
+            raise ValueError(
+                "memory does not grow with batch size in this estimate, so any batch fits; "
+                "check that the per-sample part was estimated"
+            )
+        return room // per
