@@ -13,7 +13,7 @@ from typing import Any
 
 from torchfit._units import format_bytes
 
-__all__ = ["CATEGORIES", "AffineEstimate", "MemoryEstimate"]
+__all__ = ["CATEGORIES", "AffineEstimate", "LayerMemory", "MemoryEstimate"]
 
 #: The byte categories of an estimate, in the order tables print them.
 CATEGORIES: tuple[str, ...] = (
@@ -25,6 +25,23 @@ CATEGORIES: tuple[str, ...] = (
     "workspace",
     "overhead",
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMemory:
+    """One row of a per-module table: where the bytes are ("which layer eats my memory").
+
+    Attributes:
+        name: Module path in the model (``"layer1.0.conv1"``), or a label.
+        kind: Module class name (``"Conv2d"``) or op name.
+        activations: Bytes this module keeps alive for backward (or at the peak).
+        detail: What those bytes are, in words (``"input fp32; max-pool indices int64"``).
+    """
+
+    name: str
+    kind: str
+    activations: int
+    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +68,8 @@ class MemoryEstimate:
         context: CUDA context and library handles outside the allocator (0 on CPU).
         device: ``"cuda"`` or ``"cpu"``: the device the rules were applied for.
         notes: The rules the estimator applied, in words (e.g. the SDPA backend chosen).
+        layers: Optional per-module rows (`LayerMemory`) explaining `activations`.
+        peak_at: Where the peak happens (a module path or phase such as ``"backward"``).
 
     Example:
         >>> e = MemoryEstimate(weights=4 * 2**20, activations=2**20)
@@ -73,6 +92,8 @@ class MemoryEstimate:
     context: int = 0
     device: str = "cuda"
     notes: tuple[str, ...] = ()
+    layers: tuple[LayerMemory, ...] = ()
+    peak_at: str = ""
 
     def __post_init__(self) -> None:
         for name in (*CATEGORIES, "context"):
@@ -126,6 +147,8 @@ class MemoryEstimate:
             context=max(self.context, other.context),
             device=self.device,
             notes=notes,
+            layers=(*self.layers, *other.layers),
+            peak_at=self.peak_at or other.peak_at,
         )
 
     def __mul__(self, factor: float) -> MemoryEstimate:
@@ -136,8 +159,18 @@ class MemoryEstimate:
             raise ValueError(f"an estimate can only be scaled by a finite factor >= 0; got {factor}")
         fields = {name: math.ceil(getattr(self, name) * factor) for name in CATEGORIES}
         reserved = None if self.reserved is None else math.ceil(self.reserved * factor)
+        layers = tuple(
+            dataclasses.replace(row, activations=math.ceil(row.activations * factor))
+            for row in self.layers
+        )
         return MemoryEstimate(
-            **fields, reserved=reserved, context=self.context, device=self.device, notes=self.notes
+            **fields,
+            reserved=reserved,
+            context=self.context,
+            device=self.device,
+            notes=self.notes,
+            layers=layers,
+            peak_at=self.peak_at,
         )
 
     __rmul__ = __mul__
@@ -146,6 +179,7 @@ class MemoryEstimate:
         """Every field plus ``total`` and ``device_total``, as plain Python values."""
         data = dataclasses.asdict(self)
         data["notes"] = list(self.notes)
+        data["layers"] = [dataclasses.asdict(row) for row in self.layers]
         data["total"] = self.total
         data["device_total"] = self.device_total
         return data
@@ -163,8 +197,23 @@ class MemoryEstimate:
         width = max(len(name) for name, _ in rows)
         lines = [f"MemoryEstimate ({self.device})"]
         lines += [f"  {name:<{width}}  {format_bytes(value):>12}" for name, value in rows]
+        if self.peak_at:
+            lines.append(f"  peak at: {self.peak_at}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def layer_table(self, top: int | None = None) -> str:
+        """The per-module rows, largest first: which layer eats the memory."""
+        rows = sorted(self.layers, key=lambda row: row.activations, reverse=True)[:top]
+        if not rows:
+            return "(no per-module rows in this estimate)"
+        width = max(len(row.name) for row in rows)
+        kind_width = max(len(row.kind) for row in rows)
+        return "\n".join(
+            f"{row.name:<{width}}  {row.kind:<{kind_width}}  "
+            f"{format_bytes(row.activations):>12}  {row.detail}".rstrip()
+            for row in rows
+        )
 
 
 @dataclasses.dataclass(frozen=True)

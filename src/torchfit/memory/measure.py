@@ -10,7 +10,9 @@ is used.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import gc
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -18,9 +20,16 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from torchfit._step import (
+    Mode,
+    OptimizerFactory,
+    make_optimizer,
+    parse_mode,
+    run_step,
+)
 from torchfit._units import format_bytes
 
-__all__ = ["Measurement", "live_bytes", "measure_peak"]
+__all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 
 T = TypeVar("T")
 
@@ -135,11 +144,15 @@ def _infer_device(track: tuple[object, ...]) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# The profiler tags each allocation event with a c10 DeviceType.
+_CPU_DEVICE_TYPE = torch._C._autograd.DeviceType.CPU  # noqa: SLF001 - no public alias exists
+
+
 def _cpu_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     events = [
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-        if e.name() == "[memory]" and e.device_type() == torch.device("cpu").type_enum()  # type: ignore[attr-defined]
+        if e.name() == "[memory]" and e.device_type() == _CPU_DEVICE_TYPE
     ]
     events.sort(key=lambda item: item[0])  # stable: equal stamps keep recording order
     return events
@@ -241,3 +254,70 @@ def _measure_cuda(
         value=value,
     )
 
+
+
+def measure_step(
+    model: nn.Module,
+    example_inputs: object,
+    *,
+    mode: str = "train",
+    optimizer: str | OptimizerFactory | torch.optim.Optimizer | None = "adamw",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    set_to_none: bool = True,
+    device: str | None = None,
+) -> Measurement[None]:
+    """Measure the real steady-state peak of one step, leaving ``model`` untouched.
+
+    The step runs on a deep copy of the model (and of the optimizer, when one is given),
+    after one warm-up step so that optimizer state exists, exactly as torchfit's
+    estimators define a step (see `trace`): forward, loss (``output.loss``, else
+    ``loss_fn(output)``, else a sum of the output), backward, ``optimizer.step()``,
+    ``zero_grad(set_to_none=...)``. RNG states are restored afterwards.
+
+    Args:
+        model: The model; never modified.
+        example_inputs: A tensor, a tuple (positional) or a dict (keyword arguments).
+        mode: ``"train"`` or ``"inference"`` (forward under ``torch.inference_mode``).
+        optimizer: A name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``,
+            ``"adamw-8bit"``), a factory ``lambda params: ...``, an optimizer over
+            ``model``'s parameters (copied with it), or ``None``.
+        loss_fn: Makes the loss from the output when it has no ``.loss``.
+        set_to_none: Passed to ``zero_grad``; ``False`` keeps gradients alive between steps.
+        device: See `measure_peak`.
+
+    Returns:
+        The `Measurement` of the measured step; ``tracked`` covers the copied model, its
+        optimizer state and the inputs.
+
+    Example:
+        >>> net = torch.nn.Linear(256, 256)
+        >>> m = measure_step(net, torch.randn(32, 256), optimizer="sgd", device="cpu")
+        >>> m.peak > live_bytes(net)
+        True
+    """
+    step_mode = parse_mode(mode)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            work, opt = copy.deepcopy((model, optimizer))
+        else:
+            work = copy.deepcopy(model)
+            opt = (
+                make_optimizer(optimizer, work.parameters())
+                if step_mode is Mode.TRAIN
+                else None
+            )
+        work.train(step_mode is Mode.TRAIN)
+        step_args = {"mode": step_mode, "optimizer": opt, "loss_fn": loss_fn}
+        if step_mode is Mode.TRAIN:
+            run_step(work, example_inputs, set_to_none=set_to_none, **step_args)  # warm-up
+        gc.collect()
+        return measure_peak(
+            run_step,
+            work,
+            example_inputs,
+            set_to_none=set_to_none,
+            track=(work, opt, example_inputs),
+            device=device,
+            **step_args,
+        )
