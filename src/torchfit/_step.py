@@ -70,9 +70,7 @@ def parse_mode(value: str | Mode) -> Mode:
     try:
         return Mode(key)
     except ValueError:
-        raise ValueError(
-            f"unknown mode {value!r}; expected 'train' or 'inference'"
-        ) from None
+        raise ValueError(f"unknown mode {value!r}; expected 'train' or 'inference'") from None
 
 
 def parse_optimizer(value: str | OptimizerName | None) -> OptimizerName:
@@ -122,19 +120,21 @@ def make_optimizer(
     trainable = [p for p in params if p.requires_grad]
     if name is OptimizerName.NONE:
         return None
-    if name is OptimizerName.SGD:
-        return torch.optim.SGD(trainable, lr=1e-3)
-    if name is OptimizerName.SGD_MOMENTUM:
-        return torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
-    if name is OptimizerName.ADAM:
-        return torch.optim.Adam(trainable, lr=1e-3)
-    if name is OptimizerName.ADAMW:
-        return torch.optim.AdamW(trainable, lr=1e-3)
-    from torchfit._imports import require  # noqa: PLC0415 - optional dependency
+    if name is OptimizerName.ADAMW_8BIT:
+        from torchfit._imports import require  # noqa: PLC0415 - optional dependency
 
-    bnb = require("bitsandbytes", feature="optimizer='adamw-8bit'")
-    built_8bit: torch.optim.Optimizer = bnb.optim.AdamW8bit(trainable, lr=1e-3)
-    return built_8bit
+        bnb = require("bitsandbytes", feature="optimizer='adamw-8bit'")
+        built_8bit: torch.optim.Optimizer = bnb.optim.AdamW8bit(trainable, lr=1e-3)
+        return built_8bit
+    return _TORCH_OPTIMIZERS[name](trainable)
+
+
+_TORCH_OPTIMIZERS: dict[OptimizerName, OptimizerFactory] = {
+    OptimizerName.SGD: lambda ps: torch.optim.SGD(ps, lr=1e-3),
+    OptimizerName.SGD_MOMENTUM: lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+    OptimizerName.ADAM: lambda ps: torch.optim.Adam(ps, lr=1e-3),
+    OptimizerName.ADAMW: lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+}
 
 
 def call_model(model: Callable[..., Any], example_inputs: object) -> Any:
@@ -164,7 +164,9 @@ def _sum_tensors(output: object) -> torch.Tensor | None:
     return total
 
 
-def compute_loss(output: object, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
+def compute_loss(
+    output: object, loss_fn: Callable[[Any], torch.Tensor] | None = None
+) -> torch.Tensor:
     """The loss of a step: ``output.loss`` if present, else ``loss_fn(output)``, else a sum.
 
     Raises:
@@ -207,7 +209,7 @@ def run_step(
     output = call_model(model, example_inputs)
     loss = compute_loss(output, loss_fn)
     del output
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     del loss
     if optimizer is not None:
         optimizer.step()

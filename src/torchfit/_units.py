@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from fractions import Fraction
 
 import torch
 
@@ -34,7 +35,7 @@ _UNITS: dict[str, int] = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(value: int | float | str) -> int:
+def parse_bytes(value: float | str) -> int:
     """Turn a size into a whole number of bytes.
 
     Decimal units (KB, MB, GB, TB) are powers of 1000, binary units (KiB, MiB, GiB, TiB)
@@ -79,7 +80,7 @@ def parse_bytes(value: int | float | str) -> int:
                 f"unknown size unit {unit!r} in {value!r}; use one of "
                 "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
             )
-        return int(float(number) * factor)
+        return int(Fraction(number) * factor)  # exact: no float rounding of big sizes
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"a size must be a finite number of bytes >= 0; got {value!r}")
     return int(value)

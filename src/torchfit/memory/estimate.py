@@ -96,6 +96,7 @@ class MemoryEstimate:
     peak_at: str = ""
 
     def __post_init__(self) -> None:
+        """Reject negative or non-integer byte counts."""
         for name in (*CATEGORIES, "context"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -156,7 +157,9 @@ class MemoryEstimate:
         if isinstance(factor, bool) or not isinstance(factor, int | float):
             return NotImplemented
         if factor < 0 or not math.isfinite(factor):
-            raise ValueError(f"an estimate can only be scaled by a finite factor >= 0; got {factor}")
+            raise ValueError(
+                f"an estimate can only be scaled by a finite factor >= 0; got {factor}"
+            )
         fields = {name: math.ceil(getattr(self, name) * factor) for name in CATEGORIES}
         reserved = None if self.reserved is None else math.ceil(self.reserved * factor)
         layers = tuple(
@@ -173,7 +176,9 @@ class MemoryEstimate:
             peak_at=self.peak_at,
         )
 
-    __rmul__ = __mul__
+    def __rmul__(self, factor: float) -> MemoryEstimate:
+        """``factor * estimate`` is ``estimate * factor``."""
+        return self.__mul__(factor)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus ``total`` and ``device_total``, as plain Python values."""

@@ -77,6 +77,19 @@ class Measurement(Generic[T]):
         return "\n".join(lines)
 
 
+def _children(obj: object) -> Iterable[object]:
+    """What a tracked object holds: a module's tensors, an optimizer's, a container's."""
+    if isinstance(obj, nn.Module):
+        return (*obj.parameters(), *obj.buffers())
+    if isinstance(obj, torch.optim.Optimizer):
+        return (*(g["params"] for g in obj.param_groups), *obj.state.values())
+    if isinstance(obj, dict):
+        return obj.values()
+    if isinstance(obj, list | tuple | set | frozenset):
+        return obj
+    return ()
+
+
 def _tensors_in(obj: object, seen: set[int]) -> Iterable[torch.Tensor]:
     """Every tensor reachable from ``obj`` through modules, optimizers and containers."""
     if id(obj) in seen:
@@ -86,20 +99,9 @@ def _tensors_in(obj: object, seen: set[int]) -> Iterable[torch.Tensor]:
         yield obj
         if obj.grad is not None:
             yield obj.grad
-    elif isinstance(obj, nn.Module):
-        for tensor in (*obj.parameters(), *obj.buffers()):
-            yield from _tensors_in(tensor, seen)
-    elif isinstance(obj, torch.optim.Optimizer):
-        for group in obj.param_groups:
-            yield from _tensors_in(group["params"], seen)
-        for state in obj.state.values():
-            yield from _tensors_in(state, seen)
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors_in(value, seen)
-    elif isinstance(obj, list | tuple | set | frozenset):
-        for value in obj:
-            yield from _tensors_in(value, seen)
+        return
+    for child in _children(obj):
+        yield from _tensors_in(child, seen)
 
 
 def live_bytes(*objects: object, device: str | None = None) -> int:
@@ -150,7 +152,7 @@ _CPU_DEVICE_TYPE = torch._C._autograd.DeviceType.CPU  # noqa: SLF001 - no public
 
 def _cpu_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     events = [
-        (e.start_ns(), e.nbytes())
+        (e.start_ns(), e.nbytes())  # type: ignore[union-attr]
         for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
         if e.name() == "[memory]" and e.device_type() == _CPU_DEVICE_TYPE
     ]
@@ -232,9 +234,7 @@ def _measure_cuda(
     fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], tracked: int
 ) -> Measurement[T]:
     if not torch.cuda.is_available():
-        raise ValueError(
-            "device='cuda' was asked for but CUDA is not available; use device='cpu'"
-        )
+        raise ValueError("device='cuda' was asked for but CUDA is not available; use device='cpu'")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -253,7 +253,6 @@ def _measure_cuda(
         seconds=seconds,
         value=value,
     )
-
 
 
 def measure_step(
@@ -298,26 +297,25 @@ def measure_step(
     step_mode = parse_mode(mode)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
+        opt: torch.optim.Optimizer | None
         if isinstance(optimizer, torch.optim.Optimizer):
             work, opt = copy.deepcopy((model, optimizer))
         else:
             work = copy.deepcopy(model)
-            opt = (
-                make_optimizer(optimizer, work.parameters())
-                if step_mode is Mode.TRAIN
-                else None
-            )
+            opt = make_optimizer(optimizer, work.parameters()) if step_mode is Mode.TRAIN else None
         work.train(step_mode is Mode.TRAIN)
-        step_args = {"mode": step_mode, "optimizer": opt, "loss_fn": loss_fn}
+
+        def step() -> None:
+            run_step(
+                work,
+                example_inputs,
+                mode=step_mode,
+                optimizer=opt,
+                loss_fn=loss_fn,
+                set_to_none=set_to_none,
+            )
+
         if step_mode is Mode.TRAIN:
-            run_step(work, example_inputs, set_to_none=set_to_none, **step_args)  # warm-up
+            step()  # warm-up: optimizer state exists from here on
         gc.collect()
-        return measure_peak(
-            run_step,
-            work,
-            example_inputs,
-            set_to_none=set_to_none,
-            track=(work, opt, example_inputs),
-            device=device,
-            **step_args,
-        )
+        return measure_peak(step, track=(work, opt, example_inputs), device=device)
