@@ -10,11 +10,14 @@ is used.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
+import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -160,6 +163,28 @@ def _cpu_events(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     return events
 
 
+@contextlib.contextmanager
+def _silenced_stderr() -> Iterator[None]:
+    """Hide Kineto's "USDT ... profiler_start/stop" lines, printed from C++ on fd 2.
+
+    No environment variable turns them off in torch 2.13; only profiler start and stop
+    run inside, so nothing else is hidden.
+    """
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2 (embedded interpreters): leave it be
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:  # noqa: PTH123 - a raw fd is needed
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _replay(deltas: Iterable[int]) -> tuple[int, int]:
     """Peak (>= 0) and final value of the running sum of allocation deltas."""
     live = peak = 0
@@ -212,11 +237,18 @@ def measure_peak(
     tracked = live_bytes(*track_tuple, device=device)
     if device == "cuda":
         return _measure_cuda(fn, args, kwargs, tracked)
-    activities = [torch.profiler.ProfilerActivity.CPU]
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    )
+    with _silenced_stderr():
+        prof.start()
     start = time.perf_counter()
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    try:
         value = fn(*args, **kwargs)
-    seconds = time.perf_counter() - start
+    finally:
+        seconds = time.perf_counter() - start
+        with _silenced_stderr():
+            prof.stop()
     increment, end = _replay(delta for _, delta in _cpu_events(prof))
     return Measurement(
         peak=tracked + increment,
