@@ -4,6 +4,20 @@ Estimators return a `MemoryEstimate`; `measure_peak` is the real-allocation trut
 are tested against.
 """
 
+from torchfit.memory.activations import ActivationReport, activation_bytes
+from torchfit.memory.allocator import (
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    AllocatorStats,
+    CachingAllocator,
+    cublas_workspace_bytes,
+    cuda_context_bytes,
+    replay,
+    round_request,
+    segment_size,
+    to_device,
+)
+from torchfit.memory.analytic import estimate
+from torchfit.memory.arch import TransformerSpec, describe
 from torchfit.memory.catalog import (
     ModelEntry,
     ModelTask,
@@ -14,22 +28,40 @@ from torchfit.memory.catalog import (
     model_entry,
 )
 from torchfit.memory.estimate import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
+from torchfit.memory.formulas import (
+    attention_bytes,
+    kv_cache_bytes,
+    model_state_bytes,
+    optimizer_state_bytes,
+)
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_CUDA_CONTEXT_BYTES",
     "GPU",
+    "ActivationReport",
     "AffineEstimate",
+    "AllocatorStats",
+    "CachingAllocator",
     "LayerMemory",
     "Measurement",
     "MemoryEstimate",
     "ModelEntry",
     "ModelTask",
+    "TransformerSpec",
+    "activation_bytes",
+    "attention_bytes",
     "build_model",
     "count_parameters",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
     "current_gpu",
+    "describe",
+    "estimate",
     "gpu",
+    "kv_cache_bytes",
     "list_gpus",
     "list_models",
     "live_bytes",
@@ -37,4 +69,10 @@ __all__ = [
     "measure_step",
     "model_config",
     "model_entry",
+    "model_state_bytes",
+    "optimizer_state_bytes",
+    "replay",
+    "round_request",
+    "segment_size",
+    "to_device",
 ]
