@@ -6,7 +6,8 @@ and matplotlib load when a function that needs them is called.
 
 from torchfit import memory
 from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
-from torchfit.memory import GPU, MemoryEstimate, gpu, measure_peak
+from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, measure_peak
+from torchfit.memory.plan import Plan, fits
 
 __version__ = "0.1.0"
 
@@ -14,7 +15,10 @@ __all__ = [
     "GPU",
     "DType",
     "MemoryEstimate",
+    "Plan",
     "__version__",
+    "estimate",
+    "fits",
     "format_bytes",
     "gpu",
     "measure_peak",

@@ -35,6 +35,7 @@ from torchfit.memory.formulas import (
     optimizer_state_bytes,
 )
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
+from torchfit.memory.plan import Advice, Plan, fits
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
 
 __all__ = [
@@ -43,10 +44,12 @@ __all__ = [
     "GPU",
     "ActivationReport",
     "AffineEstimate",
+    "Advice",
     "AllocatorStats",
     "CachingAllocator",
     "LayerMemory",
     "Measurement",
+    "Plan",
     "MemoryEstimate",
     "ModelEntry",
     "ModelTask",
@@ -60,6 +63,7 @@ __all__ = [
     "current_gpu",
     "describe",
     "estimate",
+    "fits",
     "gpu",
     "kv_cache_bytes",
     "list_gpus",

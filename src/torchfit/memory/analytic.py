@@ -280,20 +280,22 @@ def _training_peak(
     # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
     tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
     step_temp = max(step_temp, tied_sum)
-    fixed = weights + states.optimizer
-    if backward_start >= states.gradients + step_temp:
+    # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
+    # the optimizer step.
+    if backward_start + states.autocast_copies >= states.gradients + step_temp:
         peak_at = "start of backward"
         act, grads, workspace = activations, 0, loss_grads
+        copies = states.autocast_copies
     else:
         peak_at = "optimizer step"
-        act, grads, workspace = 0, states.gradients, step_temp
+        act, grads, workspace, copies = 0, states.gradients, step_temp, 0
     return MemoryEstimate(
-        weights=fixed - states.optimizer,
+        weights=weights,
         gradients=grads,
         optimizer=states.optimizer,
         activations=act,
         workspace=workspace,
-        overhead=states.autocast_copies + tokens * INT64,
+        overhead=copies + tokens * INT64,
         device=device,
         notes=tuple(notes),
         layers=layers if act else (),

@@ -1,0 +1,136 @@
+"""The ``torchfit`` command: ``plan``, ``gpus``, ``models``.
+
+Errors a user can fix (an unknown model or card, a bad size) print one line with the
+close matches and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from torchfit import __version__
+from torchfit._units import format_bytes
+
+__all__ = ["main"]
+
+_USAGE_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchfit",
+        description="Will it fit? PyTorch memory plans checked against real allocations.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchfit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    plan = commands.add_parser(
+        "plan",
+        help="does MODEL fit a card: breakdown, verdict, largest batch, advice",
+        description="MODEL is a catalog name (torchfit models), a config.json or a model folder.",
+    )
+    plan.add_argument("model")
+    plan.add_argument("--gpu", required=True, help='card name ("RTX 3060") or size ("12GiB")')
+    plan.add_argument("--gpus", type=int, default=1, help="number of such cards (default 1)")
+    mode = plan.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="mode", action="store_const", const="train")
+    mode.add_argument("--inference", dest="mode", action="store_const", const="inference")
+    plan.set_defaults(mode="train")
+    plan.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16, or fp16 without native bf16), fp32, bf16, fp16, int8, nf4",
+    )
+    plan.add_argument("--seq", type=int, default=None, help="tokens per sample")
+    plan.add_argument("--batch", type=int, default=1, help="batch size to check (default 1)")
+    plan.add_argument(
+        "--optimizer", default="adamw", help="sgd, sgd-momentum, adam, adamw, adamw-8bit"
+    )
+    plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    plan.add_argument("--attn", default="sdpa", help="eager, sdpa or flash")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
+
+    gpus = commands.add_parser("gpus", help="list the GPU catalog")
+    gpus.add_argument("--json", action="store_true")
+    models = commands.add_parser("models", help="list the model catalog")
+    models.add_argument("--json", action="store_true")
+    return parser
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from torchfit.memory.plan import fits, resolve_budget  # noqa: PLC0415
+
+    card, _ = resolve_budget(args.gpu)
+    target = [card] * args.gpus if args.gpus > 1 else card
+    plan = fits(
+        args.model,
+        target,
+        mode=args.mode,
+        dtype=args.dtype,
+        batch_size=args.batch,
+        seq_len=args.seq,
+        optimizer=args.optimizer,
+        gradient_checkpointing=args.checkpointing,
+        attn_implementation=args.attn,
+    )
+    if args.plot:
+        from torchfit.memory._plot import plot_plan  # noqa: PLC0415
+
+        plot_plan(args.model, plan, args.plot)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan)
+    return 0
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    from torchfit.memory.gpus import list_gpus  # noqa: PLC0415
+
+    cards = list_gpus()
+    if args.json:
+        print(json.dumps([card.to_dict() for card in cards], indent=2))
+        return 0
+    width = max(len(card.name) for card in cards)
+    for card in cards:
+        bf16 = "bf16" if card.bf16 else "    "
+        print(f"{card.name:<{width}}  {format_bytes(card.memory):>11}  {bf16}  {card.architecture}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from torchfit.memory.catalog import list_models  # noqa: PLC0415
+
+    entries = list_models()
+    if args.json:
+        rows = [
+            {"name": e.name, "task": e.task.value, "params": e.params, "source": e.source}
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(entry.name) for entry in entries)
+    for entry in entries:
+        print(f"{entry.name:<{width}}  {entry.params:>17,}  {entry.task.value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    handlers = {"plan": _plan, "gpus": _gpus, "models": _models}
+    try:
+        return handlers[args.command](args)
+    except BrokenPipeError:  # `torchfit gpus | head`: the reader left; not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: PTH123, SIM115 - silence the final flush
+        return 0
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"torchfit: error: {first}", file=sys.stderr)
+        return _USAGE_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

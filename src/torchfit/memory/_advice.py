@@ -1,0 +1,190 @@
+"""The knobs `fits` suggests, each re-estimated with the same estimator."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torchfit._units import format_bytes
+from torchfit.memory.estimate import MemoryEstimate
+
+if TYPE_CHECKING:
+    from torchfit.memory.gpus import GPU
+    from torchfit.memory.plan import Settings
+
+__all__ = ["Advice", "advise", "lora_parameters"]
+
+_LORA_RANK = 16
+_SHARDS = (2, 4, 8, 16, 32, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """One knob and what it buys.
+
+    Attributes:
+        knob: What to change, in words (``"gradient checkpointing"``).
+        device_total: The re-estimated device total with that change.
+        saves: Bytes saved against the current plan.
+        fits: Whether the card holds it with that change.
+        detail: How to apply it, or the rule the figure assumes.
+    """
+
+    knob: str
+    device_total: int
+    saves: int
+    fits: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        """One line: verdict, knob, new total, saving, detail."""
+        mark = "fits" if self.fits else "no  "
+        text = f"[{mark}] {self.knob}: {format_bytes(self.device_total)}"
+        text += f" (saves {format_bytes(self.saves)})"
+        return f"{text}; {self.detail}" if self.detail else text
+
+
+def lora_parameters(settings: Settings, rank: int = _LORA_RANK) -> int | None:
+    """LoRA adapter parameters on every block Linear: rank · (in + out) per layer."""
+    from torchfit.memory._quantized import block_linear_shapes  # noqa: PLC0415
+    from torchfit.memory.plan import _transformer_spec  # noqa: PLC0415
+
+    try:
+        spec = _transformer_spec(settings.model)
+    except (ValueError, ImportError):
+        return None
+    if spec is None:
+        return None
+    return sum(rank * (o + i) for o, i in block_linear_shapes(spec))
+
+
+def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], str]]:
+    training = settings.mode == "train"
+    options: list[tuple[str, dict[str, Any], str]] = []
+    half = "bf16" if card.bf16 else "fp16"
+    if settings.dtype in {"fp32", "tf32"}:
+        how = "torchfit.precision.MixedPrecision" if training else "model.to(torch.bfloat16)"
+        options.append((f"{half} mixed precision", {"dtype": half}, how))
+    if training and not settings.gradient_checkpointing and settings.seq_len is not None:
+        options.append(
+            (
+                "gradient checkpointing",
+                {"gradient_checkpointing": True},
+                "model.gradient_checkpointing_enable(); about 30% more compute",
+            )
+        )
+    if training and settings.optimizer in {"adam", "adamw"}:
+        options.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, "bitsandbytes.optim.AdamW8bit"))
+    quantized = settings.dtype in {"int8", "int4", "nf4", "fp4"}
+    lora = lora_parameters(settings) if settings.seq_len is not None else None
+    if not training and not quantized and settings.seq_len is not None:
+        options.append(
+            ("int8 weights", {"dtype": "int8"}, "torchfit.quantize.load_quantized(bits=8)")
+        )
+        options.append(
+            ("NF4 weights", {"dtype": "nf4"}, "torchfit.quantize.load_quantized(bits=4)")
+        )
+    if training and lora and settings.trainable_params is None:
+        options.append(
+            (f"LoRA r={_LORA_RANK}", {"trainable_params": lora}, f"{lora:,} trainable parameters")
+        )
+        if not quantized:
+            options.append(
+                (
+                    f"QLoRA (NF4 base, LoRA r={_LORA_RANK})",
+                    {"trainable_params": lora, "dtype": "nf4"},
+                    "load_quantized(bits=4) + peft LoRA",
+                )
+            )
+    if settings.seq_len and settings.seq_len >= 256:
+        options.append(
+            (f"sequence {settings.seq_len // 2}", {"seq_len": settings.seq_len // 2}, "")
+        )
+    return options
+
+
+def advise(
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
+    *,
+    settings: Settings,
+    current: MemoryEstimate,
+    card: GPU,
+    num_gpus: int,
+) -> tuple[Advice, ...]:
+    """Every applicable knob, re-estimated, sorted by bytes saved (largest first)."""
+    budget = card.memory
+    found: list[Advice] = []
+    for knob, changes, detail in _changes(settings, card):
+        try:
+            total = reestimate(changes).device_total
+        except ValueError:
+            continue
+        found.append(Advice(knob, total, current.device_total - total, total <= budget, detail))
+    found += _accumulation(reestimate, settings, current, budget)
+    if settings.mode == "train":
+        found += _sharding(current, budget, num_gpus)
+    found = [a for a in found if a.saves > 0]
+    return tuple(sorted(found, key=lambda a: (not a.fits, -a.saves)))
+
+
+def _accumulation(
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
+    settings: Settings,
+    current: MemoryEstimate,
+    budget: int,
+) -> list[Advice]:
+    if settings.mode != "train" or settings.batch_size <= 1:
+        return []
+    micro = settings.batch_size // 2
+    while micro >= 1:
+        total = reestimate({"batch_size": micro}).device_total
+        if total <= budget or micro == 1:
+            steps = math.ceil(settings.batch_size / micro)
+            return [
+                Advice(
+                    f"batch {micro} x {steps} accumulation steps",
+                    total,
+                    current.device_total - total,
+                    total <= budget,
+                    f"same effective batch ({micro * steps})",
+                )
+            ]
+        micro //= 2
+    return []
+
+
+def _sharding(current: MemoryEstimate, budget: int, num_gpus: int) -> list[Advice]:
+    states = current.weights + current.gradients + current.optimizer
+    advice: list[Advice] = []
+    counts = [n for n in _SHARDS if n >= max(2, num_gpus)]
+    for n in counts:
+        total = current.device_total - states + math.ceil(states / n)
+        if total <= budget or n == counts[-1]:
+            advice.append(
+                Advice(
+                    f"FSDP / ZeRO-3 over {n} GPUs",
+                    total,
+                    current.device_total - total,
+                    total <= budget,
+                    "weights, gradients and optimizer state sharded; activations per rank",
+                )
+            )
+            break
+    if current.optimizer:
+        total = current.device_total - current.optimizer
+        advice.append(
+            Advice(
+                "optimizer state offloaded to CPU",
+                total,
+                current.optimizer,
+                total <= budget,
+                "ZeRO-Offload / FSDP CPUOffload; slower steps",
+            )
+        )
+    return advice

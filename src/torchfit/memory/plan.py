@@ -1,0 +1,281 @@
+"""Does it fit? `fits` turns an estimate and a card into a verdict, limits and advice.
+
+The estimate (analytic, `estimate`) is taken to the device with the allocator model
+(`to_device`: reserved bytes plus CUDA context), compared with the card's memory, and
+re-run for every knob a user could turn, so each piece of advice carries its own
+re-estimated figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit.memory._advice import Advice, advise
+from torchfit.memory.allocator import to_device
+from torchfit.memory.analytic import estimate
+from torchfit.memory.estimate import MemoryEstimate
+from torchfit.memory.gpus import GPU, gpu
+
+__all__ = ["Advice", "Plan", "Settings", "fits", "resolve_budget"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What was planned: the arguments of one estimate."""
+
+    model: str
+    mode: str
+    dtype: str
+    batch_size: int
+    seq_len: int | None
+    input_shape: tuple[int, ...] | None
+    optimizer: str
+    gradient_checkpointing: bool
+    attn_implementation: str
+    trainable_params: int | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `estimate` these settings stand for."""
+        return {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "input_shape": self.input_shape,
+            "dtype": self.dtype,
+            "mode": self.mode,
+            "optimizer": None if self.optimizer == "none" else self.optimizer,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "attn_implementation": self.attn_implementation,
+            "trainable_params": self.trainable_params,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The verdict for one model on one card (or several).
+
+    Attributes:
+        fits: The device total (reserved + CUDA context) is within the card's memory.
+        estimate: The device-level `MemoryEstimate` of the planned step.
+        gpu: The card (the smallest one when several were given).
+        num_gpus: How many cards were given.
+        budget: Bytes available on one card.
+        headroom: ``budget - estimate.device_total`` (negative when it does not fit).
+        max_batch_size: Largest batch that fits with these settings (0 if none).
+        max_seq_len: Longest sequence at batch 1 that fits (transformers), else ``None``.
+        advice: Knobs that make it fit or fit more, each re-estimated, best first.
+        settings: What was estimated.
+    """
+
+    fits: bool
+    estimate: MemoryEstimate
+    gpu: GPU
+    num_gpus: int
+    budget: int
+    headroom: int
+    max_batch_size: int
+    max_seq_len: int | None
+    advice: tuple[Advice, ...]
+    settings: Settings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values, for ``--json``."""
+        return {
+            "fits": self.fits,
+            "gpu": self.gpu.name,
+            "num_gpus": self.num_gpus,
+            "budget": self.budget,
+            "headroom": self.headroom,
+            "max_batch_size": self.max_batch_size,
+            "max_seq_len": self.max_seq_len,
+            "estimate": self.estimate.to_dict(),
+            "advice": [a.to_dict() for a in self.advice],
+            "settings": dataclasses.asdict(self.settings),
+        }
+
+    def __str__(self) -> str:
+        """The breakdown, the verdict, the limits and the advice, as a report."""
+        s = self.settings
+        what = f"{s.model}, {s.mode}, {s.dtype}, batch {s.batch_size}"
+        what += f", seq {s.seq_len}" if s.seq_len else ""
+        what += f", {s.optimizer}" if s.mode == "train" else ""
+        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        lines = [
+            f"{what} on {cards} ({format_bytes(self.budget)})",
+            str(self.estimate),
+            f"verdict: {verdict} (headroom {format_bytes(self.headroom)})",
+            f"largest batch that fits: {self.max_batch_size}",
+        ]
+        if self.max_seq_len is not None:
+            lines.append(f"longest sequence at batch 1: {self.max_seq_len}")
+        if self.advice:
+            lines.append("advice (each re-estimated):")
+            lines += [f"  {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def resolve_budget(target: str | float | GPU | Sequence[str | GPU]) -> tuple[GPU, int]:
+    """The card to plan for and how many: a name, a `GPU`, a byte budget or a list.
+
+    A list plans for its smallest card (data parallelism replicates everything). A plain
+    budget (``12884901888`` or ``"12GiB"``) becomes a custom card of that size.
+    """
+    if isinstance(target, GPU):
+        return target, 1
+    if isinstance(target, list | tuple):
+        if not target:
+            raise ValueError("an empty list of GPUs was given; name at least one card")
+        cards = [resolve_budget(item)[0] for item in target]
+        return min(cards, key=lambda card: card.memory), len(cards)
+    if isinstance(target, int | float) and not isinstance(target, bool):
+        return GPU.custom("budget", memory=parse_bytes(target)), 1
+    if isinstance(target, str):
+        try:
+            return gpu(target), 1
+        except ValueError as card_error:
+            try:
+                return GPU.custom(target, memory=parse_bytes(target)), 1
+            except ValueError:
+                raise card_error from None
+    raise TypeError(
+        f"gpu must be a card name, a GPU, a byte budget or a list of cards; got {target!r}"
+    )
+
+
+def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
+    return to_device(estimate(model, device="cuda", **settings.kwargs()), gpu=card)
+
+
+def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
+    """The largest n in [1, upper] with fits_at(n), assuming monotonicity; 0 if none."""
+    if upper < 1 or not fits_at(1):
+        return 0
+    low, high = 1, 2
+    while high <= upper and fits_at(high):
+        low, high = high, high * 2
+    high = min(high, upper + 1)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits_at(mid):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def fits(
+    model: Any,
+    gpu: str | float | GPU | Sequence[str | GPU],
+    *,
+    mode: str = "train",
+    dtype: str | DType = "auto",
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    optimizer: str | None = "adamw",
+    gradient_checkpointing: bool = False,
+    attn_implementation: str = "sdpa",
+    trainable_params: int | None = None,
+) -> Plan:
+    """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
+
+    Args:
+        model: A catalog name, a local config.json, a transformers config or model, or
+            an ``nn.Module`` (with ``input_shape``).
+        gpu: A card name (``"RTX 3060"``), a `GPU`, a byte budget (``"10GiB"``) or a list
+            of cards.
+        mode: ``"train"`` or ``"inference"``.
+        dtype: ``"auto"`` (bf16 where the card has native bf16, else fp16: mixed
+            precision in training), or ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"int8"``,
+            ``"nf4"``...
+        batch_size: The batch to check.
+        seq_len: Tokens per sample (transformers; the model's maximum by default).
+        input_shape: One sample's shape for non-transformer models.
+        optimizer: See `estimate`.
+        gradient_checkpointing: See `estimate`.
+        attn_implementation: ``"eager"``, ``"sdpa"`` or ``"flash"``.
+        trainable_params: Parameters that train (LoRA, frozen layers).
+
+    Example:
+        >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
+        >>> plan.fits
+        False
+        >>> fits("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024).fits
+        True
+    """
+    card, count = resolve_budget(gpu)
+    step = parse_mode(mode)
+    chosen = ("bf16" if card.bf16 else "fp16") if str(dtype) == "auto" else parse_dtype(dtype).value
+    opt = parse_optimizer(optimizer) if step is Mode.TRAIN else OptimizerName.NONE
+    settings = Settings(
+        model=model if isinstance(model, str) else type(model).__name__,
+        mode=step.value,
+        dtype=chosen,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        input_shape=input_shape,
+        optimizer=opt.value,
+        gradient_checkpointing=gradient_checkpointing,
+        attn_implementation=attn_implementation,
+        trainable_params=trainable_params,
+    )
+    if seq_len is None and input_shape is None:
+        settings = _default_seq_len(model, settings)
+    current = _device_estimate(model, settings, card)
+
+    def fits_with(**changes: Any) -> bool:
+        changed = dataclasses.replace(settings, **changes)
+        return _device_estimate(model, changed, card).device_total <= card.memory
+
+    max_batch = _largest(lambda b: fits_with(batch_size=b), 1 << 20)
+    max_seq = None
+    if settings.seq_len is not None:
+        max_seq = _largest(
+            lambda s: fits_with(batch_size=1, seq_len=s), _max_positions(model, settings)
+        )
+    advice = advise(
+        lambda changes: _device_estimate(model, dataclasses.replace(settings, **changes), card),
+        settings=settings,
+        current=current,
+        card=card,
+        num_gpus=count,
+    )
+    return Plan(
+        fits=current.device_total <= card.memory,
+        estimate=current,
+        gpu=card,
+        num_gpus=count,
+        budget=card.memory,
+        headroom=card.memory - current.device_total,
+        max_batch_size=max_batch,
+        max_seq_len=max_seq,
+        advice=advice,
+        settings=settings,
+    )
+
+
+def _transformer_spec(model: Any) -> Any:
+    from torch import nn  # noqa: PLC0415
+
+    from torchfit.memory.analytic import _resolve_config  # noqa: PLC0415
+    from torchfit.memory.arch import describe  # noqa: PLC0415
+
+    if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
+        return None
+    return describe(_resolve_config(model))
+
+
+def _default_seq_len(model: Any, settings: Settings) -> Settings:
+    spec = _transformer_spec(model)
+    if spec is None:
+        raise ValueError("an nn.Module needs input_shape=(...) of one sample")
+    return dataclasses.replace(settings, seq_len=spec.max_positions)
+
+
+def _max_positions(model: Any, settings: Settings) -> int:
+    spec = _transformer_spec(model)
+    return spec.max_positions if spec is not None else settings.seq_len or 1

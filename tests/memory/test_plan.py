@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from torchfit.memory import GPU
+from torchfit.memory.plan import fits, resolve_budget
+
+
+def test_gpt3_does_not_fit_one_a100_40gb_even_in_int8():
+    plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8", seq_len=2048)
+    assert not plan.fits
+    assert plan.estimate.weights > 160 * 10**9  # 175B int8 weights alone exceed the card
+    assert plan.max_batch_size == 0
+
+
+def test_gpt2_in_4bit_fits_an_rtx_2070_super_with_room():
+    plan = fits("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024)
+    assert plan.fits
+    assert plan.headroom > 0.75 * plan.budget
+    assert plan.max_batch_size >= 8
+
+
+def test_verdict_agrees_with_headroom_and_max_batch():
+    plan = fits("gpt2", "RTX 3060", batch_size=4, seq_len=512)
+    assert plan.fits == (plan.headroom >= 0)
+    bigger = fits("gpt2", "RTX 3060", batch_size=plan.max_batch_size + 1, seq_len=512)
+    at_max = fits("gpt2", "RTX 3060", batch_size=plan.max_batch_size, seq_len=512)
+    assert at_max.fits
+    assert not bigger.fits
+
+
+def test_max_seq_len_is_the_boundary():
+    plan = fits("llama-2-7b", "RTX 4090", mode="inference", dtype="nf4", seq_len=512)
+    assert plan.max_seq_len == 4096  # 4-bit 7B at batch 1 reaches the model's maximum
+    tight = fits("llama-2-7b", "RTX 3060", mode="inference", dtype="bf16", seq_len=512)
+    assert not tight.fits
+    assert tight.max_seq_len == 0
+
+
+def test_advice_is_re_estimated_and_ranked():
+    plan = fits("llama-2-7b", "RTX 4090", seq_len=1024)
+    assert not plan.fits
+    knobs = [a.knob for a in plan.advice]
+    assert any("QLoRA" in k for k in knobs)
+    assert any("8-bit AdamW" in k for k in knobs)
+    # each advice figure is a real re-estimate: it differs from the current total
+    assert all(a.device_total == plan.estimate.device_total - a.saves for a in plan.advice)
+    fitting = [a for a in plan.advice if a.fits]
+    assert all(a.device_total <= plan.budget for a in fitting)
+    # ranked: fitting knobs first, then by bytes saved
+    assert plan.advice == tuple(sorted(plan.advice, key=lambda a: (not a.fits, -a.saves)))
+
+
+def test_gradient_accumulation_keeps_the_effective_batch():
+    plan = fits("gpt2", "RTX 3060", batch_size=64, seq_len=1024)
+    accumulation = [a for a in plan.advice if "accumulation" in a.knob]
+    assert accumulation
+    micro, steps = (int(x) for x in accumulation[0].knob.split()[1::2][:2])
+    assert micro * steps >= 64
+    assert accumulation[0].fits
+
+
+def test_budget_forms():
+    card, count = resolve_budget("12GiB")
+    assert card.memory == 12 * 2**30 and count == 1
+    card, count = resolve_budget(8 * 2**30)
+    assert card.memory == 8 * 2**30
+    card, count = resolve_budget(["RTX 3090", "RTX 3060"])
+    assert count == 2 and "3060" in card.name
+    assert resolve_budget(GPU.custom("mine", memory="10GiB"))[0].name == "mine"
+    with pytest.raises(ValueError, match="empty list"):
+        resolve_budget([])
+    with pytest.raises(ValueError, match=r"close matches|GPU.custom"):
+        resolve_budget("RTX 9999")
+
+
+def test_plan_reads_as_a_report_and_serializes():
+    plan = fits("gpt2", "T4", seq_len=512)
+    text = str(plan)
+    assert "T4" in text and "verdict" in text and "largest batch" in text
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["fits"] == plan.fits
+    assert data["estimate"]["device_total"] == plan.estimate.device_total
+    assert data["settings"]["dtype"] == "fp16"  # T4 has no native bf16: auto picks fp16
+
+
+def test_context_and_reserved_are_included():
+    plan = fits("gpt2", "RTX 3060", mode="inference", seq_len=128)
+    e = plan.estimate
+    assert e.context > 200 * 2**20
+    assert e.reserved is not None and e.reserved >= e.total
+    assert e.device_total == e.reserved + e.context

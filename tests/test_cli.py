@@ -1,0 +1,85 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torchfit.cli import main
+
+
+def test_plan_prints_breakdown_verdict_batch_and_advice(capsys):
+    assert main(["plan", "gpt2", "--gpu", "RTX 3060"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("weights", "verdict", "largest batch", "advice", "RTX 3060"):
+        assert needle in out
+
+
+def test_plan_json(capsys):
+    assert (
+        main(
+            [
+                "plan",
+                "gpt2",
+                "--gpu",
+                "A100 40GB",
+                "--inference",
+                "--dtype",
+                "int8",
+                "--seq",
+                "256",
+                "--batch",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"]["mode"] == "inference"
+    assert data["settings"]["batch_size"] == 4
+    assert data["fits"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "gtp2", "--gpu", "RTX 3060"], "gpt2"),
+        (["plan", "gpt2", "--gpu", "RTX 9999"], "GPU.custom"),
+        (["plan", "gpt2", "--gpu", "A100"], "ambiguous"),
+        (["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "99999"], "beyond"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchfit: error:")
+    assert needle in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_gpus_and_models_list(capsys):
+    assert main(["gpus"]) == 0
+    assert "RTX 3060" in capsys.readouterr().out
+    assert main(["models", "--json"]) == 0
+    names = {row["name"] for row in json.loads(capsys.readouterr().out)}
+    assert {"gpt2", "llama-2-7b", "resnet-50"} <= names
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.png"
+    assert main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "256", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_console_script_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "torchfit.cli", "plan", "gpt2", "--gpu", "RTX 3060", "--seq", "128"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "verdict" in result.stdout
