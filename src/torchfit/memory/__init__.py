@@ -35,24 +35,24 @@ from torchfit.memory.formulas import (
     optimizer_state_bytes,
 )
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
-from torchfit.memory.plan import Advice, Plan, fits
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
+from torchfit.memory.plan import Advice, Plan, fits
 
 __all__ = [
     "CATEGORIES",
     "DEFAULT_CUDA_CONTEXT_BYTES",
     "GPU",
     "ActivationReport",
-    "AffineEstimate",
     "Advice",
+    "AffineEstimate",
     "AllocatorStats",
     "CachingAllocator",
     "LayerMemory",
     "Measurement",
-    "Plan",
     "MemoryEstimate",
     "ModelEntry",
     "ModelTask",
+    "Plan",
     "TransformerSpec",
     "activation_bytes",
     "attention_bytes",
