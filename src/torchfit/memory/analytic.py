@@ -123,7 +123,22 @@ def estimate(
             mixed_precision=mixed_precision,
             device=device,
         )
-    spec = describe(_resolve_config(model))
+    config = _resolve_config(model)
+    try:
+        spec = describe(config)
+    except ValueError:
+        if not _is_vision(config):
+            raise
+        return _estimate_vision(
+            config,
+            batch_size=batch_size,
+            input_shape=input_shape,
+            dtype=dtype,
+            mode=mode,
+            optimizer=optimizer,
+            mixed_precision=mixed_precision,
+            device=device,
+        )
     return estimate_transformer(
         spec,
         batch_size=batch_size,
@@ -136,6 +151,41 @@ def estimate(
         mixed_precision=mixed_precision,
         trainable_params=trainable_params,
         use_cache=use_cache,
+        device=device,
+    )
+
+
+def _is_vision(config: Any) -> bool:
+    return hasattr(config, "num_channels") or hasattr(config, "image_size")
+
+
+def _estimate_vision(
+    config: Any,
+    *,
+    batch_size: int,
+    input_shape: tuple[int, ...] | None,
+    dtype: str | DType,
+    mode: str,
+    optimizer: str | OptimizerName | None,
+    mixed_precision: bool | None,
+    device: str,
+) -> MemoryEstimate:
+    """CNNs and vision transformers from a config: a meta-device build, then a meta pass."""
+    from torchfit.memory.activations import estimate_module  # noqa: PLC0415
+    from torchfit.memory.catalog import build_model  # noqa: PLC0415
+
+    size = getattr(config, "image_size", 224)
+    size = size[0] if isinstance(size, list | tuple) else size
+    shape = input_shape or (getattr(config, "num_channels", 3), size, size)
+    model = build_model(config, device="meta", dtype="fp32")
+    return estimate_module(
+        model,
+        batch_size=batch_size,
+        input_shape=shape,
+        dtype=dtype,
+        mode=mode,
+        optimizer=optimizer,
+        mixed_precision=mixed_precision,
         device=device,
     )
 
