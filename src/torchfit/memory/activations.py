@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
@@ -28,7 +30,13 @@ from torchfit._units import DType, format_bytes, parse_dtype
 from torchfit.memory.estimate import LayerMemory, MemoryEstimate
 from torchfit.memory.formulas import FP32, model_state_bytes
 
-__all__ = ["ActivationReport", "LayerRecord", "activation_bytes", "estimate_module"]
+__all__ = [
+    "ActivationReport",
+    "LayerRecord",
+    "activation_bytes",
+    "estimate_module",
+    "inference_peak",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +184,50 @@ def _training_flags(model: nn.Module, *, training: bool) -> Iterator[None]:
             module.training = flag
 
 
+@contextmanager
+def _sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
+    """Make meta-device SDPA take the kernel the target device would take.
+
+    On meta, ``scaled_dot_product_attention`` decomposes into the math path (the s x s
+    probabilities materialized). CPU runs ``_scaled_dot_product_flash_attention_for_cpu``
+    unless training with dropout; CUDA's flash / memory-efficient kernels support dropout.
+    Both keep the output and the log-sum-exp only, which the flash-for-CPU op (it has a
+    meta kernel and a backward) reproduces. Restored on exit.
+    """
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    def routed(  # noqa: PLR0917 - mirrors torch's positional signature
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,  # noqa: FBT001, FBT002 - torch's own signature
+        scale: float | None = None,
+        enable_gqa: bool = False,  # noqa: FBT001, FBT002
+    ) -> torch.Tensor:
+        flash = device == "cuda" or not (training and dropout_p > 0)
+        if not flash or query.device.type != "meta":
+            return original(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa
+            )
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            repeat = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(repeat, dim=-3)
+            value = value.repeat_interleave(repeat, dim=-3)
+        out: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(  # noqa: SLF001
+            query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+        )[0]
+        return out
+
+    functional.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+
+
 def _to_meta(dtype: torch.dtype | None) -> Callable[[Any], Any]:
     def convert(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
@@ -193,6 +245,7 @@ def activation_bytes(
     *,
     dtype: str | DType | None = None,
     training: bool = True,
+    device: str = "cuda",
 ) -> ActivationReport:
     """Bytes autograd saves for backward in one forward pass, with a per-layer table.
 
@@ -207,6 +260,9 @@ def activation_bytes(
             only shapes and dtypes matter (meta tensors are fine).
         dtype: Run as if parameters and floating inputs had this dtype.
         training: Train-mode behaviour (dropout masks, batch statistics).
+        device: The target device: which attention kernel ``scaled_dot_product_attention``
+            would pick (``"cuda"``: flash / memory-efficient; ``"cpu"``: flash unless
+            training with dropout).
 
     Raises:
         RuntimeError: the forward cannot run on the meta device (a data-dependent op, a
@@ -244,7 +300,8 @@ def activation_bytes(
         )
     )
     hooks = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
-    with _training_flags(model, training=training), _module_hooks(recorder), hooks:
+    sdpa = _sdpa_as_on_device(device=device, training=training)
+    with _training_flags(model, training=training), _module_hooks(recorder), hooks, sdpa:
         try:
             output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
         except (RuntimeError, NotImplementedError, TypeError) as error:
@@ -299,6 +356,9 @@ def activation_bytes(
     )
 
 
+# A constant seen in every oneDNN convolution backward measured here (22.8-24.4 KB,
+# whatever the shape): its scratchpad.
+_ONEDNN_SCRATCHPAD = 24 * 1024
 _CONVS = {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"}
 
 
@@ -307,10 +367,12 @@ def _backward_transient(record: LayerRecord, device: str) -> int:
 
     The output gradient, the input gradient (only when the input requires grad), and for
     convolutions the kernel's own scratch, which no dispatch-level tracker sees. Measured
-    on CPU (torch 2.13, x86 with AVX-512): oneDNN reorders the output gradient and the
-    input into blocked layouts whose channels are padded to 16 (FACTS.md: one output and
-    one input more for 32 channels; 4x for 4 channels), while ATen's im2col path
-    (``slow_conv2d``) unfolds the input into (C_in/groups)·k·k·H_out·W_out columns.
+    on CPU (torch 2.13, x86 with AVX-512), single convolutions of 3-64 channels: oneDNN
+    reorders the output gradient into a blocked layout padded to 16 channels, and the
+    input into one padded to 8 (to 16 below 8 channels; not at all for a k>1 first layer
+    of fewer than 8 channels): one output and one input more at 32 channels (FACTS.md),
+    4x the output at 4 channels. ATen's im2col path (``slow_conv2d``) instead unfolds the
+    input into (C_in/groups)·k·k·H_out·W_out columns.
     On CUDA, cuDNN's workspace depends on the algorithm; the oneDNN allowance is used.
     """
     grads = record.output_bytes + (record.input_bytes if record.input_requires_grad else 0)
@@ -324,18 +386,17 @@ def _backward_transient(record: LayerRecord, device: str) -> int:
             columns = record.input_shape[1] // record.groups * math.prod(record.kernel) * positions
         return grads + columns
     c_in = record.input_shape[1] if len(record.input_shape) > 1 else 1
-    return (
-        grads
-        + _blocked(record.output_bytes, record.out_channels)
-        + _blocked(record.input_bytes, c_in)
-    )
+    output = _blocked(record.output_bytes, record.out_channels, 16) + _ONEDNN_SCRATCHPAD
+    if c_in < 8 and math.prod(record.kernel) > 1:
+        return grads + output  # a first layer (RGB): oneDNN reads the plain input
+    return grads + output + _blocked(record.input_bytes, c_in, 16 if c_in < 8 else 8)
 
 
-def _blocked(nbytes: int, channels: int) -> int:
-    """Bytes of a oneDNN blocked copy (nChw16c): channels padded to a multiple of 16."""
+def _blocked(nbytes: int, channels: int, block: int) -> int:
+    """Bytes of a oneDNN blocked copy (nChw16c / nChw8c): channels padded to ``block``."""
     if channels <= 0:
         return nbytes
-    return nbytes * (-(-channels // 16) * 16) // channels
+    return nbytes * (-(-channels // block) * block) // channels
 
 
 def _kernel(module: nn.Module) -> tuple[int, ...]:
@@ -354,6 +415,82 @@ def _uses_im2col(record: LayerRecord) -> bool:
         return False
     big_kernel = all(k > 3 for k in record.kernel)
     return not (record.groups > 1 or big_kernel or shape[0] > 1 or math.prod(shape) > 20480)
+
+
+class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the bytes of storages created under it while they live, and their peak.
+
+    Storages are Python objects with a lifetime tied to the tensor data (PyObject
+    preservation), so a weakref finalizer sees each free, also on the meta device.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.live = 0
+        self.peak = 0
+        self._seen: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+
+    def exclude(self, tensors: object) -> None:
+        """Storages that exist already (parameters, inputs): their views cost nothing."""
+        for leaf in tree_flatten(tensors)[0]:
+            if isinstance(leaf, torch.Tensor):
+                self._seen.add(leaf.untyped_storage())
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, torch.Tensor):
+                storage = leaf.untyped_storage()
+                if storage not in self._seen:
+                    self._seen.add(storage)
+                    nbytes = storage.nbytes()
+                    self.live += nbytes
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._free, nbytes)
+        return out
+
+
+def inference_peak(
+    model: nn.Module,
+    example_input: object,
+    *,
+    dtype: str | DType | None = None,
+    device: str = "cuda",
+) -> int:
+    """Peak bytes of tensors alive at once during a no-grad forward, on the meta device.
+
+    The input and the parameters are not counted (they exist before the call); the
+    output is (it is alive when the forward returns).
+    """
+    torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
+    convert = _to_meta(torch_dtype)
+    tensors = {n: convert(p.detach()) for n, p in model.named_parameters(remove_duplicate=False)}
+    tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
+    inputs = tree_map(convert, example_input)
+    args, kwargs = (
+        ((), inputs)
+        if isinstance(inputs, dict)
+        else (
+            (tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)),
+            {},
+        )
+    )
+    counter = _LiveBytes()
+    counter.exclude((tensors, inputs))
+    sdpa = _sdpa_as_on_device(device=device, training=False)
+    with _training_flags(model, training=False), torch.no_grad(), sdpa, counter:
+        output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
+        del output
+    return counter.peak
 
 
 def estimate_module(
@@ -379,7 +516,7 @@ def estimate_module(
     training = step is Mode.TRAIN
     mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
     example = torch.empty((batch_size, *input_shape), device="meta")
-    report = activation_bytes(model, example, dtype=compute, training=training)
+    report = activation_bytes(model, example, dtype=compute, training=training, device=device)
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     states = model_state_bytes(
@@ -393,12 +530,12 @@ def estimate_module(
     )
     inputs = report.input_bytes
     if not training:
-        widest = max((r.input_bytes + r.output_bytes for r in report.records), default=0)
         return MemoryEstimate(
             weights=states.weights,
-            activations=widest,
+            activations=inference_peak(model, example, dtype=compute, device=device),
+            overhead=inputs,
             device=device,
-            notes=(states.note, "inference: the widest layer's input and output"),
+            notes=(states.note, "inference: peak of live tensors in a meta-device forward"),
             peak_at="forward",
         )
     remaining = report.total
