@@ -4,10 +4,12 @@ Importing torchfit loads only torch and numpy; transformers, accelerate, bitsand
 and matplotlib load when a function that needs them is called.
 """
 
-from torchfit import memory
+from torchfit import loaders, memory, precision
 from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit.loaders import diagnose, tune_loader, tuned_loader
 from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, measure_peak
 from torchfit.memory.plan import Plan, fits
+from torchfit.precision import MixedPrecision, find_nonfinite
 
 __version__ = "0.1.0"
 
@@ -15,14 +17,21 @@ __all__ = [
     "GPU",
     "DType",
     "MemoryEstimate",
+    "MixedPrecision",
     "Plan",
     "__version__",
+    "diagnose",
     "estimate",
+    "find_nonfinite",
     "fits",
     "format_bytes",
     "gpu",
+    "loaders",
     "measure_peak",
     "memory",
     "parse_bytes",
     "parse_dtype",
+    "precision",
+    "tune_loader",
+    "tuned_loader",
 ]

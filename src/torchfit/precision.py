@@ -1,0 +1,434 @@
+"""Mixed precision: the dtype choice, autocast, and the scaled optimizer step, done right.
+
+`torch.amp` does the work; `MixedPrecision` only puts its calls in the one correct order
+and keeps the bookkeeping the anchors each get partly wrong (FACTS.md, "Mixed
+precision"): scale -> backward -> unscale once per optimizer -> clip -> step -> one
+update; gradient accumulation that steps only at window boundaries; a skipped (inf/nan)
+step that does not advance the scheduler and is counted; a state dict that resumes
+exactly; and checks that catch a halved or quantized model before the first backward.
+
+How a skipped step is detected. With a GradScaler (fp16), `step` calls
+``GradScaler.unscale_`` for every optimizer itself, then reads the inf/nan flags that
+unscaling recorded (``GradScaler._found_inf_per_device``, private but the same flags
+``GradScaler.step`` reads; if a future torch drops it, the gradients are checked
+directly). One ``.item()`` decides for all optimizers, before any of them steps. The
+public signals are weaker: comparing the scale before and after ``update()`` costs a
+second sync after the step has been queued, and watching whether ``optimizer.step`` was
+called (accelerate 1.15's ``AcceleratedOptimizer``) misses fused optimizers, whose step
+is always called and skips inside the kernel (run here: fused AdamW, GradScaler("cpu"),
+an inf loss: ``step_was_skipped`` False and the scheduler advanced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchfit import _precision_checks as _checks
+from torchfit import _precision_step as _step
+from torchfit._precision_choice import (
+    Precision,
+    PrecisionChoice,
+    choose_precision,
+    parse_precision,
+)
+from torchfit._precision_nonfinite import NonFinite, NonFiniteCause, NonFiniteProbe, find_nonfinite
+from torchfit._precision_step import StepOutcome
+from torchfit._units import DType
+
+__all__ = [
+    "MixedPrecision",
+    "NonFinite",
+    "NonFiniteCause",
+    "NonFiniteProbe",
+    "Precision",
+    "PrecisionChoice",
+    "StepOutcome",
+    "choose_precision",
+    "find_nonfinite",
+    "parse_precision",
+]
+
+_STATE_FORMAT = 1
+
+
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
+Schedulers = torch.optim.lr_scheduler.LRScheduler | Sequence[torch.optim.lr_scheduler.LRScheduler]
+
+
+class MixedPrecision:
+    """Autocast, loss scaling, accumulation and the optimizer step for one training run.
+
+    Per micro-batch: run the forward under `autocast`, call `backward` on the loss, then
+    `step`. `step` returns `StepOutcome.ACCUMULATED` inside an accumulation window and
+    does the real step at its end: unscale each optimizer once (fp16), decide whether any
+    gradient is inf/nan, clip, step every optimizer, update the scale once, advance the
+    schedulers, zero the gradients.
+
+    On inf/nan, every optimizer skips the step together (plain ``GradScaler`` lets each
+    optimizer decide alone), the schedulers do not advance, the gradients are zeroed,
+    `skipped_steps` grows, and with fp16 the scale backs off once. bf16 and fp32 have no
+    scaler: the gradients are checked directly (the clipping norm when clipping, else one
+    read pass with the GradScaler's own inf/nan kernel) and the step is skipped in the
+    same way. The cost is one sync per optimizer step, plus that read pass when not
+    clipping; ``skip_nonfinite=False`` turns the check off (bf16 then steps on inf/nan
+    like plain ``torch.amp``, and the parameters become nan).
+
+    Args:
+        dtype: ``"auto"`` (see `choose_precision`), ``"bf16"``, ``"fp16"`` or ``"fp32"``
+            (or a ``torch.dtype``).
+        device: where the run trains; ``None`` means CUDA when available, else the CPU.
+        accumulate: micro-batches per optimizer step; `backward` divides each loss by it.
+        init_scale: the GradScaler's first loss scale (fp16 only).
+        growth_factor: scale multiplier after ``growth_interval`` clean steps (fp16 only).
+        backoff_factor: scale multiplier on a skipped step (fp16 only).
+        growth_interval: clean steps between scale growths (fp16 only).
+        skip_nonfinite: check bf16/fp32 gradients for inf/nan and skip such steps.
+
+    Raises:
+        ValueError: an unknown dtype, a CUDA device without a GPU, or bad numbers.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> mp = MixedPrecision("bf16", device="cpu", accumulate=2)
+        >>> for _ in range(2):
+        ...     with mp.autocast():
+        ...         loss = model(torch.randn(8, 4)).float().pow(2).mean()
+        ...     mp.backward(loss)
+        ...     outcome = mp.step(opt)
+        >>> outcome, mp.optimizer_steps, mp.skipped_steps
+        (<StepOutcome.STEPPED: 'stepped'>, 1, 0)
+        >>> mp.dtype, mp.scaler is None
+        (<Precision.BF16: 'bf16'>, True)
+    """
+
+    def __init__(
+        self,
+        dtype: str | torch.dtype | DType | Precision = "auto",
+        *,
+        device: str | torch.device | None = None,
+        accumulate: int = 1,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        skip_nonfinite: bool = True,
+    ) -> None:
+        """Resolve the precision and build the scaler; see the class docstring."""
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(
+                f"accumulate must be a whole number of micro-batches >= 1; got {accumulate!r}"
+            )
+        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
+            raise ValueError(
+                "the loss scale needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor "
+                f"< 1; got {init_scale!r}, {growth_factor!r}, {backoff_factor!r}"
+            )
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1 step; got {growth_interval!r}")
+        self.choice: PrecisionChoice = choose_precision(dtype, device=device)
+        self.device = torch.device(self.choice.device)
+        self.accumulate = accumulate
+        self.skip_nonfinite = skip_nonfinite
+        self.scaler: torch.amp.GradScaler | None = None
+        self._history: list[tuple[int, float]] = []
+        if self.choice.scaler:
+            self.scaler = torch.amp.GradScaler(
+                self.device.type,
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+            )
+            self._history.append((0, float(init_scale)))
+        self._autocast_dtype = self.dtype.torch_dtype
+        self._autocast_on = self.dtype is not Precision.FP32
+        self.optimizer_steps = 0
+        self.skipped_steps = 0
+        self.last_grad_norm: torch.Tensor | None = None
+        self._micro = 0  # micro-batches finished in the current window
+        self._pending = False  # backward() ran since the last step()
+        self._weighted: bool | None = None  # whether this window's backward() got weight=
+        self._growth_tracker = 0  # host mirror of the scaler's clean-step counter
+        self._graph_checked = False
+        self._checked_optimizers: tuple[int, ...] = ()
+        self._checked_schedulers: tuple[int, ...] = ()
+
+    # -- what was chosen ------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> Precision:
+        """The precision in use (``auto`` already resolved)."""
+        return self.choice.precision
+
+    @property
+    def reason(self) -> str:
+        """Why this precision: what the hardware does (or "requested explicitly")."""
+        return self.choice.reason
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale (None without a scaler); read without a device sync."""
+        return self._history[-1][1] if self._history else None
+
+    @property
+    def scale_history(self) -> tuple[tuple[int, float], ...]:
+        """``(update index, scale)`` at the start and after every change of the loss scale.
+
+        The update index counts optimizer steps, skipped ones included; a skip halves the
+        scale (by default), ``growth_interval`` clean steps in a row double it.
+        """
+        return tuple(self._history)
+
+    @property
+    def micro_step(self) -> int:
+        """Micro-batches finished in the current accumulation window (0 at a boundary)."""
+        return self._micro
+
+    def __repr__(self) -> str:
+        """The choice, the scaler and the counters in one line."""
+        scaler = f"scale={self.loss_scale:g}" if self.scaler is not None else "scaler=None"
+        return (
+            f"MixedPrecision(dtype={str(self.dtype)!r}, device={str(self.device)!r}, {scaler}, "
+            f"accumulate={self.accumulate}, optimizer_steps={self.optimizer_steps}, "
+            f"skipped_steps={self.skipped_steps}, reason={self.reason!r})"
+        )
+
+    # -- the training step ----------------------------------------------------------------
+
+    def autocast(self) -> torch.autocast:
+        """The autocast context for the forward pass and loss (disabled for fp32)."""
+        if not self._autocast_on:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def backward(self, loss: torch.Tensor, *, weight: float | None = None) -> None:
+        """Backward of ``loss`` divided by `accumulate` (or times ``weight``), scaled for fp16.
+
+        The first call checks the autograd graph before running it: a loss that cannot
+        have gradients, a loss on another device, or float16 weights (a halved model)
+        raise here, not after the backward.
+
+        Args:
+            loss: the micro-batch's loss (a mean over the micro-batch).
+            weight: this micro-batch's share of the window in place of ``1/accumulate``,
+                for micro-batches of unequal size, e.g. its token count over the
+                window's. Give it for every micro-batch of a window or for none.
+
+        Raises:
+            ValueError: the first-call checks above; ``weight`` given for only part of a
+                window.
+        """
+        if not self._graph_checked:
+            self._check_graph(loss)
+        weighted = weight is not None
+        if self._weighted is None:
+            self._weighted = weighted
+        elif self._weighted != weighted:
+            raise ValueError(
+                "backward() got weight= for only some micro-batches of this accumulation "
+                "window; pass it for every micro-batch of a window or for none"
+            )
+        if weight is not None:
+            loss = loss * weight
+        elif self.accumulate != 1:
+            loss = loss / self.accumulate
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()  # type: ignore[no-untyped-call]
+        self._pending = True
+
+    def step(
+        self,
+        optimizers: Optimizers,
+        *,
+        scheduler: Schedulers | None = None,
+        clip_grad_norm: float | None = None,
+        flush: bool = False,
+    ) -> StepOutcome:
+        """End a micro-batch; at the end of a window, step every optimizer (or skip all).
+
+        Order at a boundary: ``unscale_`` each optimizer once (fp16); one inf/nan
+        decision; clip the gradients of all the optimizers' parameters together to
+        ``clip_grad_norm``; ``step`` each optimizer; one ``GradScaler.update``; step
+        the schedulers; zero the gradients of every optimizer (``set_to_none=True``).
+        A skipped step does all of that except the clipping, the optimizer steps and the
+        scheduler steps.
+
+        Args:
+            optimizers: one optimizer or several, sharing the one loss scale.
+            scheduler: learning-rate scheduler(s) to advance after a real step only.
+            clip_grad_norm: max 2-norm of all gradients together; None: no clipping.
+            flush: step now although the window is short (end of an epoch); the
+                gradient is rescaled to the mean of the micro-batches it holds.
+
+        Returns:
+            `StepOutcome.ACCUMULATED`, `StepOutcome.STEPPED` or `StepOutcome.SKIPPED`.
+
+        Raises:
+            RuntimeError: no `backward` since the last `step`.
+            TypeError, ValueError: optimizers or schedulers it cannot drive (first step).
+        """
+        if not self._pending:
+            raise RuntimeError(
+                "step() was called without a backward() since the last step(); call "
+                "mp.backward(loss) once per micro-batch before mp.step(optimizer)"
+            )
+        micro = self._micro + 1
+        if micro < self.accumulate and not flush:
+            self._micro, self._pending = micro, False
+            return StepOutcome.ACCUMULATED
+        opts: list[torch.optim.Optimizer] = _step.as_list(optimizers)
+        scheds: list[torch.optim.lr_scheduler.LRScheduler] = _step.as_list(scheduler)
+        self._check_step_args(opts, scheds)  # raises before any state changes
+        weighted = bool(self._weighted)
+        self._micro, self._pending, self._weighted = 0, False, None
+        skipped = self._boundary(opts, scheds, clip_grad_norm, micro, weighted=weighted)
+        for optimizer in opts:
+            optimizer.zero_grad(set_to_none=True)
+        if skipped:
+            self.skipped_steps += 1
+            return StepOutcome.SKIPPED
+        self.optimizer_steps += 1
+        return StepOutcome.STEPPED
+
+    def _boundary(
+        self,
+        opts: list[torch.optim.Optimizer],
+        scheds: list[torch.optim.lr_scheduler.LRScheduler],
+        clip: float | None,
+        micro: int,
+        *,
+        weighted: bool,
+    ) -> bool:
+        """The step proper; returns True when it was skipped."""
+        rescale = 1.0 if weighted or micro == self.accumulate else self.accumulate / micro
+        skipped, norm = _step.boundary(
+            opts,
+            scheds,
+            scaler=self.scaler,
+            clip=clip,
+            rescale=rescale,
+            check_finite=self.skip_nonfinite,
+        )
+        if norm is not None:
+            self.last_grad_norm = norm
+        if self.scaler is not None:
+            self._track_scale(self.scaler, skipped=skipped)
+        return skipped
+
+    def _track_scale(self, scaler: torch.amp.GradScaler, *, skipped: bool) -> None:
+        """Mirror ``torch._amp_update_scale_`` on the host; read the scale only when it changed."""
+        index = self.optimizer_steps + self.skipped_steps + 1
+        if skipped:
+            self._growth_tracker = 0
+        else:
+            self._growth_tracker += 1
+            if self._growth_tracker < scaler.get_growth_interval():
+                return
+            self._growth_tracker = 0
+        self._history.append((index, scaler.get_scale()))
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def check(
+        self,
+        model: torch.nn.Module,
+        optimizers: Optimizers = (),
+        *,
+        scheduler: Schedulers | None = None,
+    ) -> None:
+        """Check a model (and its optimizers, schedulers) before training; raise with the fix.
+
+        Catches a model already halved (fp16 weights), a quantized model with nothing
+        trainable, optimizers that unscale inside their own step, and metric-driven
+        schedulers. `backward` and `step` run the same checks on first use; calling this
+        up front only fails sooner and names parameters by their module path.
+
+        Raises:
+            ValueError, TypeError: what was found and how to fix it.
+
+        Example:
+            >>> import torch
+            >>> MixedPrecision("fp16", device="cpu").check(torch.nn.Linear(2, 2).half())
+            Traceback (most recent call last):
+            ...
+            ValueError: 2 trainable tensor(s) are float16 (weight, bias): the GradScaler ...
+        """
+        _checks.check_model(model, self.dtype)
+        _checks.check_optimizers(_step.as_list(optimizers), scaler=self.scaler is not None)
+        _checks.check_schedulers(_step.as_list(scheduler))
+
+    def _check_graph(self, loss: torch.Tensor) -> None:
+        _checks.check_loss(loss, self.device, self.dtype)
+        self._graph_checked = True
+
+    def _check_step_args(
+        self,
+        opts: list[torch.optim.Optimizer],
+        scheds: list[torch.optim.lr_scheduler.LRScheduler],
+    ) -> None:
+        key = tuple(map(id, opts))
+        if key != self._checked_optimizers:
+            if not opts:
+                raise ValueError("step() needs at least one optimizer")
+            _checks.check_optimizers(opts, scaler=self.scaler is not None)
+            self._checked_optimizers = key
+        key = tuple(map(id, scheds))
+        if key != self._checked_schedulers:
+            _checks.check_schedulers(scheds)
+            self._checked_schedulers = key
+
+    # -- checkpointing --------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler state and the counters, to save beside the model and optimizer.
+
+        Raises:
+            RuntimeError: called inside an accumulation window, whose partial gradients
+                no state dict holds; checkpoint right after a boundary `step`.
+        """
+        if self._micro or self._pending:
+            raise RuntimeError(
+                f"state_dict() was called after {self._micro} of {self.accumulate} "
+                "micro-batches: the accumulated gradients are in no state dict, so a resumed "
+                "run would lose them. Checkpoint right after step() returns STEPPED or SKIPPED."
+            )
+        return {
+            "format": _STATE_FORMAT,
+            "precision": str(self.dtype),
+            "accumulate": self.accumulate,
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_steps": self.skipped_steps,
+            "scale_history": [list(event) for event in self._history],
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved; a resumed run continues exactly.
+
+        Raises:
+            ValueError: the state was saved with another precision or accumulation.
+        """
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(
+                f"not a MixedPrecision state dict (format {state.get('format')!r}, expected "
+                f"{_STATE_FORMAT}); pass what MixedPrecision.state_dict() returned"
+            )
+        for key, mine in (("precision", str(self.dtype)), ("accumulate", self.accumulate)):
+            if state[key] != mine:
+                raise ValueError(
+                    f"the checkpoint was saved with {key}={state[key]!r} but this "
+                    f"MixedPrecision has {key}={mine!r}; build it with "
+                    f"MixedPrecision({key}={state[key]!r}, ...) to resume exactly"
+                )
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self._history = [(int(i), float(s)) for i, s in state["scale_history"]]
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+            self._growth_tracker = int(state["scaler"]["_growth_tracker"])
