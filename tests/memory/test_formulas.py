@@ -91,6 +91,19 @@ def test_kv_cache_matches_a_real_generate_cache():
         dtype="fp32",
     )
     assert real == expected
+    from torchfit.memory.formulas import kv_cache_bytes_for
+
+    assert kv_cache_bytes_for(config, batch_size=2, seq_len=17, dtype="fp32") == real
+
+
+def test_kv_cache_for_configs_reads_gqa_and_window():
+    from torchfit.memory.formulas import kv_cache_bytes_for
+
+    transformers = pytest.importorskip("transformers")
+    mistral = transformers.MistralConfig(sliding_window=4096)
+    # 32 layers x 8 KV heads x 128 x 2 bytes x 2 (K and V), capped at the 4096 window
+    assert kv_cache_bytes_for(mistral, batch_size=1, seq_len=32768, dtype="bf16") == 2**29
+    assert kv_cache_bytes_for("llama-2-7b", batch_size=1, seq_len=4096) == 2 * 2**30
 
 
 @given(

@@ -31,6 +31,7 @@ from torchfit.memory.estimate import CATEGORIES, AffineEstimate, LayerMemory, Me
 from torchfit.memory.formulas import (
     attention_bytes,
     kv_cache_bytes,
+    kv_cache_bytes_for,
     model_state_bytes,
     optimizer_state_bytes,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "fits",
     "gpu",
     "kv_cache_bytes",
+    "kv_cache_bytes_for",
     "list_gpus",
     "list_models",
     "live_bytes",

@@ -22,6 +22,7 @@ __all__ = [
     "attention_bytes",
     "dropout_mask_bytes",
     "kv_cache_bytes",
+    "kv_cache_bytes_for",
     "model_state_bytes",
     "optimizer_state_bytes",
 ]
@@ -170,6 +171,46 @@ def kv_cache_bytes(
     positions = seq_len if sliding_window is None else min(seq_len, sliding_window)
     elem = parse_dtype(dtype).itemsize
     return math.ceil(2 * num_layers * batch_size * positions * num_kv_heads * head_dim * elem)
+
+
+def kv_cache_bytes_for(
+    config: object,
+    *,
+    batch_size: int,
+    seq_len: int,
+    dtype: str | DType | None = None,
+) -> int:
+    """`kv_cache_bytes` for a transformers config (or a catalog name).
+
+    Reads ``num_hidden_layers``, ``num_key_value_heads`` (GQA/MQA; falls back to the
+    attention heads), ``head_dim`` and ``sliding_window``; ``dtype`` defaults to the
+    config's ``torch_dtype``/``dtype``, else fp16.
+
+    Example:
+        >>> from transformers import MistralConfig
+        >>> config = MistralConfig(sliding_window=4096)  # Mistral-7B: 8 KV heads of 128
+        >>> kv_cache_bytes_for(config, batch_size=1, seq_len=32768, dtype="bf16") / 2**20
+        512.0
+    """
+    from torchfit.memory.arch import describe  # noqa: PLC0415 - arch imports this module
+
+    if isinstance(config, str):
+        from torchfit.memory.catalog import model_config  # noqa: PLC0415
+
+        config = model_config(config)
+    spec = describe(config)
+    if dtype is None:
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = parse_dtype(stored) if stored is not None else DType.FP16
+    return kv_cache_bytes(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=dtype,
+        sliding_window=spec.sliding_window,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
