@@ -7,7 +7,15 @@ and matplotlib load when a function that needs them is called.
 from torchfit import loaders, memory, precision
 from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.loaders import diagnose, tune_loader, tuned_loader
-from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, measure_peak
+from torchfit.memory import (
+    GPU,
+    MemoryEstimate,
+    estimate,
+    find_batch_size,
+    gpu,
+    measure_peak,
+    simulate_gpu,
+)
 from torchfit.memory.plan import Plan, fits
 from torchfit.precision import MixedPrecision, find_nonfinite
 
@@ -22,6 +30,7 @@ __all__ = [
     "__version__",
     "diagnose",
     "estimate",
+    "find_batch_size",
     "find_nonfinite",
     "fits",
     "format_bytes",
@@ -32,6 +41,7 @@ __all__ = [
     "parse_bytes",
     "parse_dtype",
     "precision",
+    "simulate_gpu",
     "tune_loader",
     "tuned_loader",
 ]

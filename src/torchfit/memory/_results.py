@@ -1,0 +1,175 @@
+"""What `find_batch_size` returns, and the one test of "was that an out-of-memory error"."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+from torchfit._units import format_bytes
+
+__all__ = ["BatchSizeResult", "BatchTrial", "TrialOutcome", "is_oom"]
+
+# Messages of out-of-memory errors that arrive as plain RuntimeErrors:
+_OOM_MESSAGES = (
+    "out of memory",  # CUDA / HIP / XPU ("CUDA out of memory."), MPS ("MPS backend out of memory")
+    "DefaultCPUAllocator: can't allocate memory",  # c10 CPU allocator
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not get its workspace / handle
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN could not get its workspace
+    # cuDNN's "not supported" at large batches is an OOM in disguise; accelerate's
+    # should_reduce_batch_size and Lightning's is_oom_error (is_cudnn_snafu) both back off.
+    "CUDNN_STATUS_NOT_SUPPORTED",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` (or the error it was raised from) means memory ran out.
+
+    ``torch.OutOfMemoryError`` (also what `simulate_gpu` raises) and Python's
+    ``MemoryError`` always count; a ``RuntimeError`` counts when its message is one of
+    the CUDA / cuBLAS / cuDNN / CPU-allocator out-of-memory messages. An error raised
+    ``from`` an OOM (``raise X from oom``) counts too.
+
+    Example:
+        >>> is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        True
+        >>> is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried ..."))
+        True
+        >>> is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+        False
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, torch.OutOfMemoryError | MemoryError):
+            return True
+        if isinstance(current, RuntimeError) and any(
+            text in str(current) for text in _OOM_MESSAGES
+        ):
+            return True
+        current = current.__cause__
+    return False
+
+
+class TrialOutcome(enum.StrEnum):
+    """How one real step of a batch-size probe ended."""
+
+    OK = "ok"
+    OOM = "oom"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTrial:
+    """One real step run by `find_batch_size`.
+
+    Attributes:
+        batch_size: The (micro-)batch the step ran with.
+        accumulation_steps: Gradient-accumulation steps passed to the step (1 without).
+        outcome: `TrialOutcome.OK` or `TrialOutcome.OOM`.
+        reason: Why this size was tried: ``"warm-up"``, ``"predicted"``, ``"start"``,
+            ``"back-off"`` (after an OOM), ``"refine"`` (closing the gap below a size
+            that failed) or ``"probe"`` (upward, with ``probe_upward``).
+        peak: Peak allocated bytes of the step when measurable (a simulated card or
+            CUDA); after an OOM, the bytes held plus the refused request (a lower bound).
+        resident: Bytes allocated when the step started, when measurable.
+        seconds: Wall time of the step.
+        error: The first line of the OOM message (empty when it ran).
+    """
+
+    batch_size: int
+    accumulation_steps: int
+    outcome: TrialOutcome
+    reason: str
+    peak: int | None
+    resident: int | None
+    seconds: float
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult:
+    """The batch size `find_batch_size` chose, and the trials that justify it.
+
+    Attributes:
+        batch_size: The (micro-)batch size to train with.
+        accumulation_steps: Gradient-accumulation steps to keep the effective batch.
+        effective_batch_size: ``batch_size * accumulation_steps`` when an effective batch
+            was asked for, else ``None``.
+        predicted: The batch the prediction gave before any step (``None`` without one).
+        budget: Budget in bytes (``None`` when none was given or found).
+        usable: Bytes the margin left of the budget (``None`` without a budget).
+        trials: Every real step run, in order.
+
+    Example:
+        >>> r = BatchSizeResult(
+        ...     batch_size=48, accumulation_steps=1, effective_batch_size=None, predicted=48,
+        ...     budget=2**30, usable=2**29,
+        ...     trials=(BatchTrial(48, 1, TrialOutcome.OK, "predicted", 2**28, 2**20, 0.5),),
+        ... )
+        >>> r.real_steps, r.ooms
+        (1, 0)
+    """
+
+    batch_size: int
+    accumulation_steps: int
+    effective_batch_size: int | None
+    predicted: int | None
+    budget: int | None
+    usable: int | None
+    trials: tuple[BatchTrial, ...]
+
+    @property
+    def ooms(self) -> int:
+        """How many trials ran out of memory."""
+        return sum(trial.outcome is TrialOutcome.OOM for trial in self.trials)
+
+    @property
+    def real_steps(self) -> int:
+        """How many real steps the search ran (each trial is one call of the step)."""
+        return len(self.trials)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of all trials."""
+        return sum(trial.seconds for trial in self.trials)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, the trials as dicts, plus ``ooms`` and ``real_steps``."""
+        data = dataclasses.asdict(self)
+        data["trials"] = [
+            {**dataclasses.asdict(trial), "outcome": str(trial.outcome)} for trial in self.trials
+        ]
+        data["ooms"] = self.ooms
+        data["real_steps"] = self.real_steps
+        return data
+
+    def __str__(self) -> str:
+        """The choice, then one row per trial."""
+        head = f"batch size {self.batch_size}"
+        if self.effective_batch_size is not None:
+            head += (
+                f" x {self.accumulation_steps} accumulation steps"
+                f" = effective {self.effective_batch_size}"
+            )
+        if self.predicted is not None:
+            head += f" (predicted {self.predicted})"
+        lines = [f"BatchSizeResult: {head}"]
+        if self.budget is not None and self.usable is not None:
+            lines.append(
+                f"  budget {format_bytes(self.budget)}, usable {format_bytes(self.usable)}"
+            )
+        lines.append(
+            f"  {'#':>2}  {'batch':>6}  {'accum':>5}  {'outcome':<7}  "
+            f"{'peak':>12}  {'seconds':>8}  reason"
+        )
+        for number, trial in enumerate(self.trials, 1):
+            peak = "-" if trial.peak is None else format_bytes(trial.peak)
+            lines.append(
+                f"  {number:>2}  {trial.batch_size:>6}  {trial.accumulation_steps:>5}  "
+                f"{trial.outcome:<7}  {peak:>12}  {trial.seconds:>8.3f}  {trial.reason}"
+            )
+        lines.append(f"  {self.real_steps} real steps, {self.ooms} out of memory")
+        return "\n".join(lines)
