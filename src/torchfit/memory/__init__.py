@@ -50,6 +50,7 @@ from torchfit.memory.formulas import (
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
 from torchfit.memory.plan import Advice, Plan, fits
+from torchfit.memory.trace import Trace, trace, trace_events, trace_step
 
 __all__ = [
     "CATEGORIES",
@@ -70,6 +71,7 @@ __all__ = [
     "ModelTask",
     "Plan",
     "SimulatedGPU",
+    "Trace",
     "TransformerSpec",
     "TrialOutcome",
     "activation_bytes",
@@ -103,4 +105,7 @@ __all__ = [
     "simulate_gpu",
     "solve_batch_size",
     "to_device",
+    "trace",
+    "trace_events",
+    "trace_step",
 ]

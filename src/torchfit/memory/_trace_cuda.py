@@ -1,0 +1,132 @@
+"""What a CPU trace cannot see of a GPU step, modelled explicitly for ``device="cuda"``.
+
+Fake CUDA tensors abort a CPU-only PyTorch build, so the CUDA target is traced with CPU
+fakes and these differences are applied on top:
+
+- **Allocator blocks.** Every CUDA allocation is rounded up to 512 bytes
+  (``kMinBlockSize`` in ``c10/cuda/CUDACachingAllocator.cpp``); the tracker rounds each
+  storage, and the estimate reports the rounding as ``overhead``.
+- **SDPA backend.** On CPU, ``scaled_dot_product_attention`` with dropout in training
+  falls back to the math path, which materializes the scores and the dropout mask
+  (O(s²) bytes per head). CUDA's flash and memory-efficient kernels apply dropout inside
+  the kernel from a Philox seed and offset and save only the output and the log-sum-exp.
+  `FusedSdpa` therefore runs SDPA as the fused CPU flash op, which saves exactly that.
+  The seed and offset are 0-dim ``int64`` tensors created on the CPU outside CUDA-graph
+  capture (``mha_fwd`` in ``aten/src/ATen/native/transformers/cuda/flash_attn``), so
+  they add no GPU bytes. Head sizes above 256 stay on the math path, as on a GPU.
+- **Optimizer implementation.** PyTorch defaults to the ``foreach`` (multi-tensor)
+  implementation for CUDA parameters (``_default_to_fused_or_foreach`` in
+  ``torch/optim/optimizer.py``), whose intermediates span all parameters at once, and to
+  the per-parameter loop on CPU. `prefer_foreach` sets ``foreach=True`` on the fake
+  optimizer's groups where the user left it unset.
+
+Not modelled (listed in the estimate's notes): cuBLAS/cuBLASLt workspaces and cuDNN
+convolution workspaces, which live in the caching allocator but are created at the first
+call and kept (outside a steady-state step's increment); the CUDA autocast op lists,
+which differ from the CPU ones that the trace runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CUDA_BLOCK", "FusedSdpa", "cuda_notes", "prefer_foreach"]
+
+#: CUDA caching allocator block (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp).
+CUDA_BLOCK = 512
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default  # noqa: SLF001
+_MAX_FUSED_HEAD = 256  # flash-attention 2 supports head sizes up to 256
+
+
+def _sdpa_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+    bound = dict(zip(names, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+class FusedSdpa(TorchFunctionMode):
+    """Runs ``scaled_dot_product_attention`` as the fused kernel a GPU would pick."""
+
+    def __init__(self) -> None:
+        """Count the calls routed to the fused op and those left on the math path."""
+        super().__init__()
+        self.fused = 0
+        self.math = 0
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Route SDPA; pass everything else through."""
+        kwargs = dict(kwargs or {})
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        bound = _sdpa_arguments(args, kwargs)
+        query = bound["query"]
+        if query.dim() != 4 or query.shape[-1] > _MAX_FUSED_HEAD:
+            self.math += 1
+            return func(*args, **kwargs)
+        self.fused += 1
+        output, _logsumexp = _FLASH(
+            query,
+            bound["key"],
+            bound["value"],
+            float(bound.get("dropout_p", 0.0) or 0.0),
+            bool(bound.get("is_causal", False)),
+            attn_mask=bound.get("attn_mask"),
+            scale=bound.get("scale"),
+        )
+        return output
+
+
+def prefer_foreach(optimizer: torch.optim.Optimizer) -> bool:
+    """Use the ``foreach`` implementation, CUDA's default, where the user left it unset."""
+    changed = False
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            group["foreach"] = True
+            changed = True
+    return changed
+
+
+def cuda_notes(*, fused_sdpa: int, math_sdpa: int, foreach: bool, autocast: bool) -> list[str]:
+    """The notes a CUDA-target estimate carries."""
+    notes = [
+        (
+            f"device=cuda: every storage rounded up to {CUDA_BLOCK} B (CUDA caching "
+            "allocator block); the rounding is reported as overhead"
+        ),
+        (
+            "device=cuda: cuBLAS/cuDNN workspaces are not in this estimate (created at the "
+            "first call and kept; outside a steady-state step's increment)"
+        ),
+    ]
+    if fused_sdpa:
+        notes.append(
+            f"device=cuda: {fused_sdpa} scaled_dot_product_attention call(s) modelled as the "
+            "flash/memory-efficient kernel: output + log-sum-exp saved, dropout in-kernel "
+            "(Philox seed/offset are CPU scalars), no O(seq^2) scores"
+        )
+    if math_sdpa:
+        notes.append(
+            f"device=cuda: {math_sdpa} scaled_dot_product_attention call(s) left on the math "
+            f"path (head size > {_MAX_FUSED_HEAD} or not 4-D)"
+        )
+    if foreach:
+        notes.append("device=cuda: optimizer traced with foreach=True (PyTorch's CUDA default)")
+    if autocast:
+        notes.append(
+            "device=cuda: autocast traced with CPU autocast; CUDA's op lists differ slightly "
+            "(e.g. which ops run in fp32), and its weight-cast cache behaves alike"
+        )
+    return notes
