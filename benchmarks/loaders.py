@@ -16,7 +16,7 @@ The script runs with one torch thread (see ``main``). ``tuned`` runs `tune_loade
 ``--tune-runs`` times with its default 10 s budget and measures each chosen
 configuration like the others.
 
-Run:  python benchmarks/loaders.py --output docs/benchmarks-loaders.md
+Run:  python benchmarks/loaders.py --output loaders.md  (then paste into docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def main() -> None:
             f"{args.seconds:g} s per run, median of interleaved rounds."
         ),
         "",
-        "Regenerate: `python benchmarks/loaders.py --output docs/benchmarks-loaders.md`",
+        "Regenerate: `python benchmarks/loaders.py --output loaders.md  (then paste into docs/benchmarks.md)`",
         "",
     ]
     sets = {"decode": DecodeAugment(), "io": RemoteRecords()}
