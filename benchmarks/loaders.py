@@ -260,7 +260,8 @@ def main() -> None:
             f"{args.seconds:g} s per run, median of interleaved rounds."
         ),
         "",
-        "Regenerate: `python benchmarks/loaders.py --output loaders.md  (then paste into docs/benchmarks.md)`",
+        "Regenerate: `python benchmarks/loaders.py --output loaders.md`, then paste the",
+        "file into docs/benchmarks.md.",
         "",
     ]
     sets = {"decode": DecodeAugment(), "io": RemoteRecords()}
