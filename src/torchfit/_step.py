@@ -7,6 +7,7 @@ optimizer step, ``zero_grad``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -197,18 +198,27 @@ def run_step(
     optimizer: torch.optim.Optimizer | None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     set_to_none: bool = True,
+    autocast_dtype: torch.dtype | None = None,
 ) -> None:
     """One step. Train: forward, loss, backward, ``optimizer.step()``, ``zero_grad``.
 
     Inference: forward under ``torch.inference_mode`` (the output is dropped at the end).
+    With ``autocast_dtype``, ``torch.autocast("cpu", ...)`` wraps forward and loss only,
+    not backward or the optimizer step, as PyTorch recommends.
     """
+    autocast = (
+        contextlib.nullcontext()
+        if autocast_dtype is None
+        else torch.autocast("cpu", dtype=autocast_dtype)
+    )
     if mode is Mode.INFERENCE:
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast:
             call_model(model, example_inputs)
         return
-    output = call_model(model, example_inputs)
-    loss = compute_loss(output, loss_fn)
-    del output
+    with autocast:
+        output = call_model(model, example_inputs)
+        loss = compute_loss(output, loss_fn)
+        del output
     loss.backward()  # type: ignore[no-untyped-call]
     del loss
     if optimizer is not None:

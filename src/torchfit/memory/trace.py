@@ -32,8 +32,6 @@ from torch import nn
 from torchfit._step import (
     Mode,
     OptimizerFactory,
-    call_model,
-    compute_loss,
     make_optimizer,
     parse_mode,
     run_step,
@@ -126,14 +124,14 @@ def trace_events(
                 fake_opt = make_optimizer(optimizer, fake_model.parameters())
     fake_model.train(training)
     step = functools.partial(
-        run_step if autocast_dtype is None else _autocast_step,
+        run_step,
         fake_model,
         fake_inputs,
         mode=step_mode,
         optimizer=fake_opt,
         loss_fn=loss_fn,
         set_to_none=set_to_none,
-        **({} if autocast_dtype is None else {"dtype": autocast_dtype}),
+        autocast_dtype=autocast_dtype,
     )
     if training:
         what = type(fake_opt).__name__ if fake_opt is not None else "no optimizer"
@@ -152,41 +150,12 @@ def trace_events(
         baseline=_model_baseline(fake_model, fake_opt, fake_inputs),
         device=target.value,
         warmup=1 if training else 0,
-        autocast_dtype=None,  # scoped inside the step: see _autocast_step
+        autocast_dtype=None,  # scoped inside the step: run_step wraps forward and loss
         progress=progress,
         describe=describe,
         fake_mode=fake_mode,
     )
     return run_session(session)
-
-
-def _autocast_step(
-    model: nn.Module,
-    example_inputs: object,
-    *,
-    mode: Mode,
-    optimizer: torch.optim.Optimizer | None,
-    loss_fn: Callable[[Any], torch.Tensor] | None,
-    set_to_none: bool,
-    dtype: torch.dtype,
-) -> None:
-    """`run_step` with ``torch.autocast`` around forward and loss (not backward or step)."""
-    autocast = torch.autocast("cpu", dtype=dtype)
-    if mode is Mode.INFERENCE:
-        with autocast:
-            run_step(model, example_inputs, mode=mode, optimizer=None)
-        return
-    with autocast:
-        output = call_model(model, example_inputs)
-        loss = compute_loss(output, loss_fn)
-        del output
-    loss.backward()  # type: ignore[no-untyped-call]
-    del loss
-    if optimizer is not None:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=set_to_none)
-    else:
-        model.zero_grad(set_to_none=set_to_none)
 
 
 def trace(
