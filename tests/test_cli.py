@@ -83,3 +83,13 @@ def test_console_script_runs():
     )
     assert result.returncode == 0, result.stderr
     assert "verdict" in result.stdout
+
+
+def test_plan_trace_adds_the_traced_step(capsys):
+    assert (
+        main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "64", "--batch", "2", "--trace"]) == 0
+    )
+    captured = capsys.readouterr()
+    assert "traced (the real step on fake tensors" in captured.out
+    assert "reserved replayed exactly" in captured.out
+    assert "tracing:" in captured.err  # the progress bar (tqdm, on stderr)

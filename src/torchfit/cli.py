@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from torchfit import __version__
 from torchfit._units import format_bytes
@@ -52,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     plan.add_argument("--attn", default="sdpa", help="eager, sdpa or flash")
+    plan.add_argument(
+        "--trace",
+        action="store_true",
+        help="also trace the real step on fake tensors (a meta-device build; shows progress)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
 
@@ -82,8 +88,53 @@ def _plan(args: argparse.Namespace) -> int:
         from torchfit.memory._plot import plot_plan  # noqa: PLC0415
 
         plot_plan(args.model, plan, args.plot)
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan)
+    traced = _traced(args, plan) if args.trace else None
+    if args.json:
+        data = plan.to_dict()
+        if traced is not None:
+            data["traced"] = traced.to_dict()
+        print(json.dumps(data, indent=2))
+        return 0
+    print(plan)
+    if traced is not None:
+        print("\ntraced (the real step on fake tensors, for the same settings):")
+        print(traced)
     return 0
+
+
+def _traced(args: argparse.Namespace, plan: Any) -> Any:
+    """Trace the planned step of a catalog/config model built on the meta device."""
+    import torch  # noqa: PLC0415
+
+    from torchfit.memory.catalog import build_model, model_config  # noqa: PLC0415
+    from torchfit.memory.trace import trace  # noqa: PLC0415
+
+    settings = plan.settings
+    if settings.dtype not in {"fp32", "bf16", "fp16"}:
+        raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {settings.dtype}")
+    config = model_config(args.model)
+    model = build_model(
+        config, device="meta", dtype="fp32" if settings.mode == "train" else settings.dtype
+    )
+    if settings.seq_len is not None:
+        ids = torch.zeros(settings.batch_size, settings.seq_len, dtype=torch.long, device="meta")
+        inputs: object = (
+            {"input_ids": ids, "labels": ids} if settings.mode == "train" else {"input_ids": ids}
+        )
+    else:
+        inputs = torch.zeros(settings.batch_size, *settings.input_shape, device="meta")
+    mixed = settings.mode == "train" and settings.dtype != "fp32"
+    return trace(
+        model,
+        inputs,
+        mode=settings.mode,
+        optimizer=None if settings.optimizer == "none" else settings.optimizer,
+        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
+        if mixed
+        else None,
+        device="cuda",
+        progress=True,
+    )
 
 
 def _gpus(args: argparse.Namespace) -> int:
