@@ -1,0 +1,408 @@
+"""4- and 8-bit weights with bitsandbytes, with safe defaults and honest footprints.
+
+`load_quantized` wraps transformers' ``from_pretrained`` with a ``BitsAndBytesConfig``
+whose defaults are the safe ones: NF4 with double quantization, a compute dtype that
+matches the model (not bitsandbytes' slow fp32 default), and the user's skip list
+*merged with* the default one (``lm_head``, tied embeddings), every name checked against
+the model's real module names. `quantize_model` does the same for a model already built.
+
+`quantized_footprint` predicts, from a config and before anything is loaded, the bytes
+the quantized model will hold, from bitsandbytes' real layout rules (4-bit codes packed
+two per byte, an absmax per block of 64, the last block padded, nested absmax per 256
+blocks with double quantization, a row scale per output for LLM.int8). `footprint` reads
+the same figures from a loaded model, ``quant_state`` included, which transformers'
+``get_memory_footprint()`` leaves out. Tests check that the two agree to the byte.
+
+Example:
+    >>> from transformers import GPT2Config
+    >>> config = GPT2Config(n_layer=2, n_embd=128, n_head=2, vocab_size=1000, bos_token_id=0,
+    ...                     eos_token_id=0)
+    >>> fp = quantized_footprint(config, bits=4, device="cpu")
+    >>> fp.quantized_parameters, fp.quantized
+    (393216, 196608)
+    >>> print(f"{fp.quantized_bits_per_parameter:.3f}")
+    4.305
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchfit import _quantize_hf as hf
+from torchfit._imports import require
+from torchfit._quantize_build import (
+    bnb_config,
+    device_of,
+    float_dtype,
+    keep_cpu_layout,
+    quantize_copy,
+)
+from torchfit._quantize_bytes import measure, predict, predict_unquantized
+from torchfit._quantize_layout import Footprint, FootprintRow
+from torchfit._quantize_plan import QuantSettings, QuantType, is_hf, make_plan, skip_list
+from torchfit._units import DType, parse_dtype
+
+__all__ = [
+    "Footprint",
+    "FootprintRow",
+    "QuantSettings",
+    "QuantType",
+    "footprint",
+    "load_quantized",
+    "quantize_model",
+    "quantized_footprint",
+    "weights_footprint",
+]
+
+_FEATURE = "torchfit.quantize"
+
+
+def _require_stack() -> None:
+    for package in ("bitsandbytes", "transformers", "accelerate"):
+        require(package, feature=_FEATURE)
+
+
+def load_quantized(
+    path_or_model_or_id: str | os.PathLike[str] | nn.Module,
+    *,
+    bits: int = 4,
+    quant_type: QuantType | str = QuantType.NF4,
+    double_quant: bool = True,
+    compute_dtype: str | torch.dtype = "auto",
+    skip_modules: Iterable[str] = (),
+    device_map: Any = None,
+    model_class: Any = None,
+    **from_pretrained_kwargs: Any,
+) -> Any:
+    """Load a transformers model with 4-bit (NF4/FP4) or 8-bit (LLM.int8) weights.
+
+    Args:
+        path_or_model_or_id: A folder written by ``save_pretrained`` (quantized or not), a
+            hub id, or a model already built (then see `quantize_model`).
+        bits: 4 (NF4/FP4, blocks of 64) or 8 (LLM.int8).
+        quant_type: ``"nf4"`` (default; bitsandbytes' own default is fp4) or ``"fp4"``.
+        double_quant: Quantize the absmax values again (about 0.37 bits less per weight).
+        compute_dtype: The matmul dtype of 4-bit layers. ``"auto"``: the model's dtype if
+            it is fp16/bf16; for an fp32 model bf16 on GPUs with native bf16, else fp16 on
+            CUDA, and fp32 on CPU. Must stay ``"auto"`` for 8-bit.
+        skip_modules: Module names to keep unquantized, *added to* the default list
+            (output head, tied embeddings, modules transformers keeps in fp32). Each name
+            must match a module of the model (from the start of its path or at its end).
+        device_map: Passed to ``from_pretrained``; ``None`` lets transformers choose
+            (the current GPU, else the CPU).
+        model_class: The class to load with; default: the config's architecture, else
+            ``AutoModelForCausalLM``.
+        **from_pretrained_kwargs: Anything else ``from_pretrained`` takes (``dtype``,
+            ``revision``, ``local_files_only``, ...), except ``quantization_config``.
+
+    Returns:
+        The quantized model (eval mode, as ``from_pretrained`` returns it).
+
+    Raises:
+        ImportError: bitsandbytes, transformers or accelerate is missing.
+        ValueError: ``bits`` is not 4 or 8, an unknown ``quant_type``, a skip name that
+            matches nothing, or a model with nothing to quantize.
+        TypeError: ``quantization_config`` was passed too.
+        OSError: a hub id could not be loaded (no network, unknown id).
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        ...                      num_attention_heads=2, vocab_size=128)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     LlamaForCausalLM(config).save_pretrained(folder)
+        ...     model = load_quantized(folder, bits=4)
+        >>> type(model.model.layers[0].mlp.up_proj).__name__, type(model.lm_head).__name__
+        ('Linear4bit', 'Linear')
+        >>> footprint(model).total == quantized_footprint(config, device="cpu").total
+        True
+    """
+    settings = QuantSettings(bits=bits, quant_type=quant_type, double_quant=double_quant)
+    _require_stack()
+    if isinstance(path_or_model_or_id, nn.Module):
+        if from_pretrained_kwargs:
+            raise TypeError(
+                f"from_pretrained options {sorted(from_pretrained_kwargs)} do not apply to a "
+                "model already built; call quantize_model(model, ...)"
+            )
+        device = None if device_map is None else hf.target_device(device_map)
+        return quantize_model(
+            path_or_model_or_id,
+            bits=bits,
+            quant_type=quant_type,
+            double_quant=double_quant,
+            compute_dtype=compute_dtype,
+            skip_modules=skip_modules,
+            device=device,
+        )
+    if "quantization_config" in from_pretrained_kwargs:
+        raise TypeError(
+            "load_quantized builds the quantization_config itself; pass bits=, quant_type=, "
+            "double_quant=, compute_dtype= and skip_modules= instead"
+        )
+    name = os.fspath(path_or_model_or_id)
+    user_skips = skip_list(skip_modules)
+    config = hf.load_config(name, from_pretrained_kwargs)
+    cls = hf.model_class_for(config, model_class)
+    dtype = hf.load_dtype(config, from_pretrained_kwargs)
+    saved = _check_saved(name, config, settings, user_skips)
+    compute = hf.resolve_compute_dtype(
+        compute_dtype, bits=bits, model_dtype=dtype, device=hf.target_device(device_map)
+    )
+    kwargs = {**from_pretrained_kwargs, "config": config, "device_map": device_map}
+    if saved is None:
+        # Only a user skip list needs the model's module names before loading (to check and
+        # merge it); without one, transformers' own default list is the same as ours.
+        plan = (
+            make_plan(hf.build_meta(config, cls, dtype), settings, user_skips)
+            if user_skips
+            else None
+        )
+        kwargs["quantization_config"] = bnb_config(settings, plan, compute)
+    try:
+        model = cls.from_pretrained(name, **kwargs)
+    except OSError as e:
+        if Path(name).is_dir():
+            raise
+        raise hf.hub_error(name, e) from e
+    _finish(model, name, settings, compute=compute if compute_dtype != "auto" else None)
+    return model
+
+
+def _finish(
+    model: nn.Module, name: str, settings: QuantSettings, *, compute: torch.dtype | None
+) -> None:
+    """Check that something was quantized, apply an explicit compute dtype, fix CPU layouts."""
+    if not any(type(m).__module__.startswith("bitsandbytes") for m in model.modules()):
+        make_plan(model, settings, ())  # raises: nothing to quantize, and why
+        raise ValueError(f"transformers quantized no layer of {name!r}")  # pragma: no cover
+    if compute is not None:
+        for module in model.modules():  # a saved checkpoint fixed it; the layer reads this
+            layer: Any = module
+            if hasattr(layer, "compute_type_is_set"):
+                layer.compute_dtype = compute
+                layer.compute_type_is_set = True
+    keep_cpu_layout(model)
+
+
+def _check_saved(
+    name: str, config: Any, settings: QuantSettings, skip_modules: list[str]
+) -> list[str] | None:
+    """The skip list of a checkpoint saved quantized, after checking it is what was asked."""
+    saved = hf.saved_quantization(config)
+    if saved is None:
+        return None
+    bits, quant_type, double_quant, skip = saved
+    stored = QuantSettings(bits=bits, quant_type=quant_type, double_quant=double_quant)
+    if stored.method != settings.method:
+        raise ValueError(
+            f"{name!r} was saved with {stored.method} weights, but {settings.method} was asked "
+            f"for; pass bits={bits}"
+            + (f", quant_type={quant_type!r}, double_quant={double_quant}" if bits == 4 else "")
+            + ", or quantize the unquantized checkpoint instead"
+        )
+    if skip_modules:
+        raise ValueError(
+            f"{name!r} is already quantized: its skip list {skip} was fixed when it was saved; "
+            "drop skip_modules, or quantize the unquantized checkpoint instead"
+        )
+    return skip
+
+
+def quantize_model(
+    model: nn.Module,
+    *,
+    bits: int = 4,
+    quant_type: QuantType | str = QuantType.NF4,
+    double_quant: bool = True,
+    compute_dtype: str | torch.dtype = "auto",
+    skip_modules: Iterable[str] = (),
+    device: str | torch.device | None = None,
+) -> nn.Module:
+    """A quantized copy of a model already built; ``model`` itself is left as it was.
+
+    A transformers model goes through ``from_pretrained`` with its own state dict, so the
+    result saves and reloads like one loaded with `load_quantized`. Any other module gets
+    its ``nn.Linear`` layers replaced by bitsandbytes layers in a copy (default skip list:
+    the module owning the last parameter and layers whose weight is shared). Unquantized
+    tensors are copied, never shared with ``model``.
+
+    Args:
+        model: The model to quantize (not modified).
+        bits: 4 or 8; see `load_quantized` for this and the other options.
+        quant_type: ``"nf4"`` or ``"fp4"``.
+        double_quant: Quantize the absmax values again.
+        compute_dtype: ``"auto"`` or a 16/32-bit float type, as in `load_quantized`.
+        skip_modules: Extra module names to keep unquantized (checked against the model).
+        device: Where the quantized copy lives; default: where ``model`` is.
+
+    Returns:
+        The quantized copy.
+
+    Raises:
+        ImportError: bitsandbytes, transformers or accelerate is missing.
+        ValueError: bad ``bits``/``quant_type``, an unknown skip name, nothing to quantize.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+        >>> q = quantize_model(net, bits=8, device="cpu")
+        >>> [type(m).__name__ for m in q]
+        ['Linear8bitLt', 'ReLU', 'Linear']
+    """
+    settings = QuantSettings(bits=bits, quant_type=quant_type, double_quant=double_quant)
+    _require_stack()
+    plan = make_plan(model, settings, skip_modules)
+    target = torch.device(device if device is not None else device_of(model))
+    dtype = float_dtype(model)
+    compute = hf.resolve_compute_dtype(
+        compute_dtype, bits=bits, model_dtype=dtype, device=target.type
+    )
+    out = quantize_copy(
+        model,
+        plan=plan,
+        settings=settings,
+        compute=compute,
+        dtype=dtype,
+        device=target,
+        hf_model=is_hf(model),
+    )
+    keep_cpu_layout(out)
+    return out
+
+
+def quantized_footprint(
+    config_or_name: Any,
+    *,
+    bits: int = 4,
+    quant_type: QuantType | str = QuantType.NF4,
+    double_quant: bool = True,
+    skip_modules: Iterable[str] = (),
+    dtype: str | torch.dtype | None = None,
+    model_class: Any = None,
+    device: str = "cuda",
+    cpu_packed: bool = False,
+) -> Footprint:
+    """Predict the bytes a model will hold once quantized, before loading anything.
+
+    The model is built on the meta device (no memory, instant even for 70B) to list its
+    real layers, the skip list is resolved as `load_quantized` does, and every quantized
+    layer is counted with bitsandbytes' layout rules; every other parameter and buffer at
+    its own dtype. Needs transformers for configs and names, not bitsandbytes.
+
+    Args:
+        config_or_name: A transformers config, a local model folder, a name known to
+            ``torchfit.memory.catalog``, a hub id, or an ``nn.Module`` (what
+            `quantize_model` would make of it).
+        bits: 4 or 8.
+        quant_type: ``"nf4"`` or ``"fp4"`` (same bytes).
+        double_quant: Predict double quantization (4-bit only).
+        skip_modules: Extra module names kept unquantized, as in `load_quantized`.
+        dtype: The dtype unquantized modules load in; default: the config's, else fp32.
+        model_class: The class to build, as in `load_quantized`.
+        device: ``"cuda"`` rounds every tensor up to the allocator's 512-byte blocks;
+            ``"cpu"`` counts exact bytes.
+        cpu_packed: Predict the layout after the first inference forward on an
+            AVX512-BF16 CPU, where bitsandbytes keeps the 4-bit absmax as bf16.
+
+    Returns:
+        A `Footprint` with ``source="predicted"``.
+
+    Raises:
+        ValueError: bad ``bits``/``quant_type``/``device``, an unknown skip name, or
+            nothing to quantize.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> big = LlamaConfig(hidden_size=8192, intermediate_size=28672,
+        ...                   num_hidden_layers=80, num_attention_heads=64,
+        ...                   num_key_value_heads=8, vocab_size=32000, dtype="float16")
+        >>> fp = quantized_footprint(big, bits=4)
+        >>> print(f"{fp.total / 2**30:.1f} GiB, {fp.bits_per_parameter:.2f} bits/param")
+        33.9 GiB, 4.22 bits/param
+    """
+    settings = QuantSettings(bits=bits, quant_type=quant_type, double_quant=double_quant)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
+    saved: list[str] | None = None
+    if isinstance(config_or_name, nn.Module) and not is_hf(config_or_name):
+        model = config_or_name
+    elif isinstance(config_or_name, nn.Module):
+        # quantize_model rebuilds a transformers model from its config (buffers included)
+        # in the model's own dtype.
+        source = config_or_name
+        load = float_dtype(source) if dtype is None else hf.load_dtype(None, {"dtype": dtype})
+        model = hf.build_meta(source.config, type(source), load)
+    else:
+        config = hf.resolve_config(config_or_name)
+        cls = hf.model_class_for(config, model_class)
+        model = hf.build_meta(config, cls, hf.load_dtype(config, {"dtype": dtype}))
+        saved = _check_saved(str(config_or_name), config, settings, skip_list(skip_modules))
+    plan = make_plan(model, settings, skip_modules, saved_skip=saved or ())
+    return predict(model, plan, settings, device=device, cpu_packed=cpu_packed)
+
+
+def weights_footprint(
+    config_or_name: Any,
+    dtype: str | torch.dtype | DType,
+    *,
+    device: str = "cuda",
+    double_quant: bool = True,
+) -> Footprint:
+    """Predicted weight bytes of a model stored in ``dtype``: the figure memory estimates use.
+
+    ``"int8"`` is LLM.int8; ``"int4"``/``"nf4"`` NF4 and ``"fp4"`` FP4, both with
+    ``double_quant`` (see `quantized_footprint`, which this calls with the default skip
+    list). A float dtype gives every floating parameter and buffer that dtype, as
+    ``from_pretrained(dtype=...)`` would (buffers transformers computes in fp32 stay fp32).
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> config = GPT2Config(n_layer=2, n_embd=128, n_head=2, vocab_size=1000)
+        >>> fp32 = weights_footprint(config, "fp32", device="cpu")
+        >>> bf16 = weights_footprint(config, "bf16", device="cpu")
+        >>> nf4 = weights_footprint(config, "int4", device="cpu")
+        >>> fp32.total == 2 * bf16.total, nf4.method
+        (True, 'nf4 + double quant')
+    """
+    kind = parse_dtype(dtype)
+    if kind.is_quantized:
+        bits = 8 if kind is DType.INT8 else 4
+        quant_type = QuantType.FP4 if kind is DType.FP4 else QuantType.NF4
+        return quantized_footprint(
+            config_or_name,
+            bits=bits,
+            quant_type=quant_type,
+            double_quant=double_quant,
+            device=device,
+        )
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
+    if isinstance(config_or_name, nn.Module) and not is_hf(config_or_name):
+        return predict_unquantized(config_or_name, device=device, cast=kind.torch_dtype)
+    source = config_or_name.config if isinstance(config_or_name, nn.Module) else config_or_name
+    config = hf.resolve_config(source)
+    cls = type(config_or_name) if isinstance(config_or_name, nn.Module) else None
+    meta = hf.build_meta(config, hf.model_class_for(config, cls), kind.torch_dtype)
+    return predict_unquantized(meta, device=device)
+
+
+def footprint(model: nn.Module) -> Footprint:
+    """The bytes ``model`` really holds: weights, buffers and quantization state.
+
+    Each distinct storage counts once (tied weights, ``SCB`` shared between a weight and
+    its layer state); CUDA tensors are rounded up to the allocator's 512-byte blocks.
+    Unlike transformers' ``get_memory_footprint()``, the 4-bit ``quant_state`` (absmax,
+    nested absmax, offset, code books) and LLM.int8 row scales are counted.
+
+    Example:
+        >>> footprint(nn.Linear(64, 64)).total  # 64*64 + 64 fp32 values
+        16640
+    """
+    return measure(model)
