@@ -50,6 +50,13 @@ from torchfit.memory.formulas import (
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
 from torchfit.memory.plan import Advice, Plan, fits
+from torchfit.memory.sharding import (
+    Strategy,
+    deepspeed_zero_bytes,
+    min_gpus,
+    parse_strategy,
+    shard_estimate,
+)
 from torchfit.memory.trace import Trace, trace, trace_events, trace_step
 
 __all__ = [
@@ -71,6 +78,7 @@ __all__ = [
     "ModelTask",
     "Plan",
     "SimulatedGPU",
+    "Strategy",
     "Trace",
     "TransformerSpec",
     "TrialOutcome",
@@ -81,6 +89,7 @@ __all__ = [
     "cublas_workspace_bytes",
     "cuda_context_bytes",
     "current_gpu",
+    "deepspeed_zero_bytes",
     "describe",
     "estimate",
     "find_batch_size",
@@ -95,13 +104,16 @@ __all__ = [
     "max_batch_size",
     "measure_peak",
     "measure_step",
+    "min_gpus",
     "model_config",
     "model_entry",
     "model_state_bytes",
     "optimizer_state_bytes",
+    "parse_strategy",
     "replay",
     "round_request",
     "segment_size",
+    "shard_estimate",
     "simulate_gpu",
     "solve_batch_size",
     "to_device",
