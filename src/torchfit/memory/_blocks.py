@@ -166,9 +166,18 @@ def inference_transient(spec: TransformerSpec, seq_len: int, s: BlockSettings) -
         )
         / seq_len
     )
+    # Kept by the model's forward for its whole duration (measured with the tracer):
+    # GPT-2 and BERT hold the token and position embeddings and their sum, Llama the
+    # input embeddings.
+    embeddings = (1 if spec.family is Family.LLAMA else 3) * h * e
     attention_phase = 2 * h * e + 3 * h * e + core  # residual, normed, q/k/v, core
     if spec.family is Family.LLAMA:
         mlp_width = 3 * i * e  # gate, up, act(gate) before the product
     else:  # the MLP input plus the activation's intermediates (gelu_new: a chain of four)
         mlp_width = (1 + _SAVED_BY_ACTIVATION.get(spec.activation, 1)) * i * e
-    return max(attention_phase, 2 * h * e + mlp_width)
+    # Eager attention returns its probabilities, which the block holds until it returns:
+    # one b·a·s² tensor stays alive through the MLP.
+    eager = s.attention is AttentionImpl.EAGER
+    probabilities = spec.num_heads * seq_len * e if eager else 0
+    mlp_phase = 2 * h * e + mlp_width + probabilities
+    return embeddings + max(attention_phase, mlp_phase)
