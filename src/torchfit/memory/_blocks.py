@@ -20,7 +20,14 @@ from torchfit.memory.formulas import (
     sdpa_is_flash,
 )
 
-__all__ = ["BlockSettings", "Term", "block_terms", "head_terms", "inference_transient"]
+__all__ = [
+    "BlockSettings",
+    "Term",
+    "block_terms",
+    "head_terms",
+    "inference_transient",
+    "mlp_backward_width",
+]
 
 # Activations whose transformers implementation is a chain of Python ops: every
 # intermediate is saved (NewGELUActivation: 0.5*x*(1+tanh(c*(x+0.044715*x^3)))).
@@ -147,6 +154,17 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
         Term("decoder input", h * e),
         logits,
     ]
+
+
+def mlp_backward_width(spec: TransformerSpec) -> float:
+    """Gradients alive at once in an MLP's backward, in units of intermediate-width elements.
+
+    SwiGLU: the gradients of the gate, the up projection and the activation; GELU-style
+    MLPs: one per saved intermediate of the activation plus the input's gradient.
+    """
+    if spec.family is Family.LLAMA:
+        return 3.0 * spec.intermediate
+    return (1 + _SAVED_BY_ACTIVATION.get(spec.activation, 1)) * spec.intermediate
 
 
 def inference_transient(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> float:

@@ -21,7 +21,13 @@ from typing import Any
 
 from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._units import DType, parse_dtype
-from torchfit.memory._blocks import BlockSettings, block_terms, head_terms, inference_transient
+from torchfit.memory._blocks import (
+    BlockSettings,
+    block_terms,
+    head_terms,
+    inference_transient,
+    mlp_backward_width,
+)
 from torchfit.memory.arch import TransformerSpec, describe
 from torchfit.memory.estimate import LayerMemory, MemoryEstimate
 from torchfit.memory.formulas import (
@@ -190,6 +196,11 @@ def _estimate_vision(
     )
 
 
+def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure helper
+    """Bytes per parameter element: fp32 master weights under mixed precision."""
+    return FP32 if mixed or compute is DType.TF32 else compute.itemsize
+
+
 def _largest_tensor(spec: TransformerSpec) -> int:
     """Elements of the largest parameter tensor (the embedding or the MLP weight)."""
     return max(spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2)
@@ -314,7 +325,12 @@ def _training_peak(
     )
     # Start of backward: the loss gradient w.r.t. the log-softmax and the logits (fp32).
     loss_grads = 2 * tokens * spec.vocab * FP32
-    backward_start = activations + loss_grads
+    # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
+    # and the activation's chain of intermediates gets a gradient each (measured with the
+    # tracer: gelu_new's backward holds about five i-wide tensors at once).
+    mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
+    head_grad = math.ceil(spec.vocab * spec.hidden * elem_of(mixed, compute))
+    backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
     elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
     if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
@@ -334,7 +350,7 @@ def _training_peak(
     # the optimizer step.
     if backward_start + states.autocast_copies >= states.gradients + step_temp:
         peak_at = "start of backward"
-        act, grads, workspace = activations, 0, loss_grads
+        act, grads, workspace = activations, 0, backward_start - activations
         copies = states.autocast_copies
     else:
         peak_at = "optimizer step"
