@@ -366,7 +366,7 @@ def main() -> None:
         root = Path(tmp)
         part_footprint_and_quality(root, steps=60 if args.quick else 200)
         part_published_configs()
-        part_load_time(root, runs=3 if args.quick else 7)
+        part_load_time(root, runs=3 if args.quick else 15)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Importing torchfit loads only torch and numpy; transformers, accelerate, bitsand
 and matplotlib load when a function that needs them is called.
 """
 
-from torchfit import loaders, memory, precision
+from torchfit import loaders, memory, precision, quantize
 from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.loaders import diagnose, tune_loader, tuned_loader
 from torchfit.memory import (
@@ -41,6 +41,7 @@ __all__ = [
     "parse_bytes",
     "parse_dtype",
     "precision",
+    "quantize",
     "simulate_gpu",
     "tune_loader",
     "tuned_loader",

@@ -399,7 +399,9 @@ def footprint(model: nn.Module) -> Footprint:
     Each distinct storage counts once (tied weights, ``SCB`` shared between a weight and
     its layer state); CUDA tensors are rounded up to the allocator's 512-byte blocks.
     Unlike transformers' ``get_memory_footprint()``, the 4-bit ``quant_state`` (absmax,
-    nested absmax, offset, code books) and LLM.int8 row scales are counted.
+    nested absmax, offset, code books) and LLM.int8 row scales are counted. Not counted: the
+    rest of a safetensors file that transformers keeps mapped on CPU because unquantized
+    weights are views into it (clean file pages, not allocator memory).
 
     Example:
         >>> footprint(nn.Linear(64, 64)).total  # 64*64 + 64 fp32 values

@@ -16,11 +16,11 @@ transformers = pytest.importorskip("transformers")
 # On models of a few MB and more the error is within about 4% (benchmarks/accuracy.py).
 # Toy models of a few hundred KB add an absolute slack: per-kernel constants that are not
 # modelled (oneDNN's ~24 KB convolution scratchpad and its padded 4-channel layouts,
-# small index and mask tensors) are then a visible fraction of the total. A 120-example
-# run per test found the worst toy cases at 98 KB (+10.8%, a 1-layer GPT-2 of 0.9 MB)
-# and 115 KB (-14.7%, a 4-channel CNN of 0.8 MB).
+# small index and mask tensors) are then a visible fraction of the total. 100-example
+# runs per test found the worst toy cases at 134 KB (+13.4%, a 1-layer GPT-2 of 1.0 MB)
+# and 148 KB (-15.2%, a 4-channel CNN of 1.0 MB).
 TOLERANCE = 0.10
-SLACK = 128 * 1024
+SLACK = 192 * 1024
 
 
 def _check(predicted, real):
