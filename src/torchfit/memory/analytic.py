@@ -327,7 +327,7 @@ def _training_peak(
     loss_grads = 2 * tokens * spec.vocab * FP32
     # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
     # and the activation's chain of intermediates gets a gradient each (measured with the
-    # tracer: gelu_new's backward holds about five i-wide tensors at once).
+    # tracer: gelu_new's backward holds about four i-wide tensors at once).
     mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
     head_grad = math.ceil(spec.vocab * spec.hidden * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
