@@ -34,9 +34,9 @@ from typing import Any, Self
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchfit._tensors import reachable_tensors
 from torchfit._units import format_bytes, parse_bytes
 from torchfit.memory.gpus import GPU, gpu
-from torchfit.memory.measure import _tensors_in
 
 __all__ = ["SimulatedGPU", "active_simulator", "budget_of", "paused", "simulate_gpu"]
 
@@ -189,7 +189,7 @@ class SimulatedGPU:
                 f"this simulate_gpu({self.name!r}) is already active; nest a new "
                 "simulate_gpu(...) instead of re-entering the same one"
             )
-        for tensor in _tensors_in(self._track, set()):
+        for tensor in reachable_tensors(self._track):
             storage = _storage_of(tensor)
             if storage is not None:
                 self._register(storage, _rounded(storage.nbytes()))

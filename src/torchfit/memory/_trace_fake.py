@@ -8,46 +8,15 @@ code on it allocates nothing. The originals are only read, never written.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
+from torchfit._tensors import reachable_tensors
+
 __all__ = ["fake_copy", "reachable_tensors"]
-
-
-def _children(obj: object) -> list[object]:
-    """What `reachable_tensors` looks into, one level down."""
-    if isinstance(obj, nn.Module):
-        return [*obj.parameters(), *obj.buffers()]
-    if isinstance(obj, torch.optim.Optimizer):
-        return [group["params"] for group in obj.param_groups] + list(obj.state.values())
-    if isinstance(obj, Mapping):
-        return list(obj.values())
-    if isinstance(obj, list | tuple | set | frozenset):
-        return list(obj)
-    return []
-
-
-def reachable_tensors(obj: object, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
-    """Every tensor reachable from ``obj`` through modules, optimizers and containers.
-
-    Modules give their parameters and buffers, optimizers their parameters and state,
-    and tensors their ``.grad`` too. Each tensor object is yielded once.
-    """
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        if obj.grad is not None:
-            yield from reachable_tensors(obj.grad, seen)
-        return
-    for child in _children(obj):
-        yield from reachable_tensors(child, seen)
 
 
 class _Faker:

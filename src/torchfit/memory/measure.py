@@ -30,6 +30,7 @@ from torchfit._step import (
     parse_mode,
     run_step,
 )
+from torchfit._tensors import reachable_tensors
 from torchfit._units import format_bytes
 
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
@@ -80,33 +81,6 @@ class Measurement(Generic[T]):
         return "\n".join(lines)
 
 
-def _children(obj: object) -> Iterable[object]:
-    """What a tracked object holds: a module's tensors, an optimizer's, a container's."""
-    if isinstance(obj, nn.Module):
-        return (*obj.parameters(), *obj.buffers())
-    if isinstance(obj, torch.optim.Optimizer):
-        return (*(g["params"] for g in obj.param_groups), *obj.state.values())
-    if isinstance(obj, dict):
-        return obj.values()
-    if isinstance(obj, list | tuple | set | frozenset):
-        return obj
-    return ()
-
-
-def _tensors_in(obj: object, seen: set[int]) -> Iterable[torch.Tensor]:
-    """Every tensor reachable from ``obj`` through modules, optimizers and containers."""
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        if obj.grad is not None:
-            yield obj.grad
-        return
-    for child in _children(obj):
-        yield from _tensors_in(child, seen)
-
-
 def live_bytes(*objects: object, device: str | None = None) -> int:
     """Bytes of the distinct storages behind every tensor reachable from ``objects``.
 
@@ -126,7 +100,7 @@ def live_bytes(*objects: object, device: str | None = None) -> int:
         400
     """
     storages: dict[tuple[str, int], int] = {}
-    for tensor in _tensors_in(objects, set()):
+    for tensor in reachable_tensors(objects):
         if tensor.device.type == "meta" or (device is not None and tensor.device.type != device):
             continue
         storage = tensor.untyped_storage()
@@ -138,7 +112,7 @@ def live_bytes(*objects: object, device: str | None = None) -> int:
 
 
 def _infer_device(track: tuple[object, ...]) -> str:
-    types = {t.device.type for t in _tensors_in(track, set())} - {"meta"}
+    types = {t.device.type for t in reachable_tensors(track)} - {"meta"}
     if len(types) > 1:
         raise ValueError(
             f"the tracked tensors live on several devices ({sorted(types)}); "

@@ -1,0 +1,48 @@
+"""Every tensor reachable from a user's objects: one walk shared by measure, trace, batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch import nn
+
+__all__ = ["reachable_tensors"]
+
+
+def _children(obj: object) -> list[object]:
+    """What `reachable_tensors` looks into, one level down."""
+    if isinstance(obj, nn.Module):
+        return [*obj.parameters(), *obj.buffers()]
+    if isinstance(obj, torch.optim.Optimizer):
+        return [group["params"] for group in obj.param_groups] + list(obj.state.values())
+    if isinstance(obj, Mapping):
+        return list(obj.values())
+    if isinstance(obj, list | tuple | set | frozenset):
+        return list(obj)
+    return []
+
+
+def reachable_tensors(obj: object, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from ``obj`` through modules, optimizers and containers.
+
+    Modules give their parameters and buffers, optimizers their parameters and state,
+    mappings and sequences their items, and tensors their ``.grad`` too. Each tensor
+    object is yielded once.
+
+    Example:
+        >>> net = torch.nn.Linear(2, 2)
+        >>> len(list(reachable_tensors([net, {"w": net.weight}])))
+        2
+    """
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        if obj.grad is not None:
+            yield from reachable_tensors(obj.grad, seen)
+        return
+    for child in _children(obj):
+        yield from reachable_tensors(child, seen)
