@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("model")
     plan.add_argument("--gpu", required=True, help='card name ("RTX 3060") or size ("12GiB")')
     plan.add_argument("--gpus", type=int, default=1, help="number of such cards (default 1)")
+    plan.add_argument(
+        "--strategy", default=None, help="with --gpus N: ddp, zero1, zero2, fsdp (per-rank plan)"
+    )
     mode = plan.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="mode", action="store_const", const="train")
     mode.add_argument("--inference", dest="mode", action="store_const", const="inference")
@@ -83,6 +86,7 @@ def _plan(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         gradient_checkpointing=args.checkpointing,
         attn_implementation=args.attn,
+        strategy=args.strategy,
     )
     if args.plot:
         from torchfit.memory._plot import plot_plan  # noqa: PLC0415

@@ -90,3 +90,20 @@ def test_context_and_reserved_are_included():
     assert e.context > 200 * 2**20
     assert e.reserved is not None and e.reserved >= e.total
     assert e.device_total == e.reserved + e.context
+
+
+def test_sharded_plan_on_several_cards():
+    cards = ["A100 40GB"] * 8
+    kw = dict(seq_len=2048, gradient_checkpointing=True)
+    replica = fits("llama-2-7b", cards, **kw)
+    fsdp = fits("llama-2-7b", cards, strategy="fsdp", **kw)
+    zero2 = fits("llama-2-7b", cards, strategy="zero2", **kw)
+    assert not replica.fits
+    assert fsdp.fits
+    assert fsdp.estimate.device_total <= zero2.estimate.device_total < replica.estimate.device_total
+    # model states are sharded 8 ways: per rank they fall far below the single copy
+    states = lambda p: p.estimate.weights + p.estimate.gradients + p.estimate.optimizer  # noqa: E731
+    assert states(fsdp) < states(replica) / 4
+    assert "fsdp, per rank" in str(fsdp)
+    with pytest.raises(ValueError, match="ddp"):
+        fits("gpt2", cards, strategy="pipeline")

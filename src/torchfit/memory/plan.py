@@ -19,6 +19,7 @@ from torchfit.memory.allocator import to_device
 from torchfit.memory.analytic import estimate
 from torchfit.memory.estimate import MemoryEstimate
 from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.sharding import parse_strategy
 
 __all__ = ["Advice", "Plan", "Settings", "fits", "resolve_budget"]
 
@@ -37,6 +38,8 @@ class Settings:
     gradient_checkpointing: bool
     attn_implementation: str
     trainable_params: int | None = None
+    strategy: str | None = None
+    world_size: int = 1
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `estimate` these settings stand for."""
@@ -103,6 +106,8 @@ class Plan:
         what += f", seq {s.seq_len}" if s.seq_len else ""
         what += f", {s.optimizer}" if s.mode == "train" else ""
         cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        if s.strategy is not None:
+            cards += f" ({s.strategy}, per rank)"
         verdict = "FITS" if self.fits else "DOES NOT FIT"
         lines = [
             f"{what} on {cards} ({format_bytes(self.budget)})",
@@ -147,7 +152,30 @@ def resolve_budget(target: str | float | GPU | Sequence[str | GPU]) -> tuple[GPU
 
 
 def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
-    return to_device(estimate(model, device="cuda", **settings.kwargs()), gpu=card)
+    single = estimate(model, device="cuda", **settings.kwargs())
+    if settings.strategy is not None and settings.mode == "train":
+        single = _per_rank(model, settings, single)
+    return to_device(single, gpu=card)
+
+
+def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEstimate:
+    """The per-rank estimate under a data-parallel strategy (`shard_estimate`)."""
+    from torchfit.memory.sharding import shard_estimate  # noqa: PLC0415
+
+    spec = _transformer_spec(model)
+    if spec is None or settings.strategy is None:
+        raise ValueError("strategy= needs a transformers config or a catalog name")
+    # the start of backward as its own moment: activations alive, no gradients yet
+    start = estimate(model, device="cuda", **{**settings.kwargs(), "trainable_params": 1})
+    block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
+    return shard_estimate(
+        single,
+        strategy=settings.strategy,
+        backward_start=start,
+        world_size=settings.world_size,
+        params=settings.trainable_params or spec.num_params,
+        largest_layer_params=max(block, spec.embedding_params, spec.head_params),
+    )
 
 
 def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
@@ -180,6 +208,7 @@ def fits(
     gradient_checkpointing: bool = False,
     attn_implementation: str = "sdpa",
     trainable_params: int | None = None,
+    strategy: str | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -199,6 +228,9 @@ def fits(
         gradient_checkpointing: See `estimate`.
         attn_implementation: ``"eager"``, ``"sdpa"`` or ``"flash"``.
         trainable_params: Parameters that train (LoRA, frozen layers).
+        strategy: Training over the cards of a list: ``"ddp"``, ``"zero1"``, ``"zero2"``,
+            ``"fsdp"``/``"zero3"`` (`torchfit.memory.sharding`); the estimate is per rank,
+            with ``batch_size`` per rank.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -222,6 +254,8 @@ def fits(
         gradient_checkpointing=gradient_checkpointing,
         attn_implementation=attn_implementation,
         trainable_params=trainable_params,
+        strategy=None if strategy is None else parse_strategy(strategy).value,
+        world_size=count,
     )
     if seq_len is None and input_shape is None:
         settings = _default_seq_len(model, settings)
