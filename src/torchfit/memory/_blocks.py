@@ -17,7 +17,7 @@ from torchfit.memory.formulas import (
     AttentionImpl,
     attention_bytes,
     dropout_mask_bytes,
-    sdpa_is_flash,
+    keeps_linear_state,
 )
 
 __all__ = [
@@ -56,8 +56,10 @@ def _dropout(spec_p: float, s: BlockSettings) -> float:
     return dropout_mask_bytes(s.dtype, s.device) if s.training and spec_p > 0 else 0.0
 
 
-def _core(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
-    p = spec.attention_dropout if s.training else 0.0
+def _attention_per_token(
+    spec: TransformerSpec, seq_len: int, s: BlockSettings, *, dropout: float
+) -> float:
+    """`attention_bytes` of one sequence of this block's attention, per token."""
     whole = attention_bytes(
         batch_size=1,
         seq_len=seq_len,
@@ -66,15 +68,18 @@ def _core(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
         dtype=s.dtype,
         implementation=s.attention,
         training=s.training,
-        dropout=p,
+        dropout=dropout,
         num_kv_heads=spec.num_kv_heads,
         device=s.device,
     )
-    terms = [Term(f"attention ({s.attention.value})", whole / seq_len)]
-    flash = s.attention is AttentionImpl.FLASH or (
-        s.attention is AttentionImpl.SDPA
-        and sdpa_is_flash(device=s.device, training=s.training, dropout=p)
-    )
+    return whole / seq_len
+
+
+def _core(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
+    p = spec.attention_dropout if s.training else 0.0
+    per_token = _attention_per_token(spec, seq_len, s, dropout=p)
+    terms = [Term(f"attention ({s.attention.value})", per_token)]
+    flash = keeps_linear_state(s.attention, device=s.device, training=s.training, dropout=p)
     if flash and s.device == "cpu" and spec.family is Family.GPT2 and s.training:
         # GPT-2's fused c_attn output stays alive (Q/K/V are views of it) and the CPU
         # flash kernel keeps two contiguous copies: measured 6h per token, not 4h.
@@ -171,20 +176,7 @@ def mlp_backward_width(spec: TransformerSpec) -> float:
 def inference_transient(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> float:
     """Largest set of tensors alive at once inside one block at inference, per token."""
     e, h, i = s.dtype.itemsize, spec.hidden, spec.intermediate
-    core = (
-        attention_bytes(
-            batch_size=1,
-            seq_len=seq_len,
-            num_heads=spec.num_heads,
-            head_dim=spec.head_dim,
-            dtype=s.dtype,
-            implementation=s.attention,
-            training=False,
-            num_kv_heads=spec.num_kv_heads,
-            device=s.device,
-        )
-        / seq_len
-    )
+    core = _attention_per_token(spec, seq_len, dataclasses.replace(s, training=False), dropout=0.0)
     # Kept by the model's forward for its whole duration (measured with the tracer):
     # GPT-2 and BERT hold the token and position embeddings and their sum, Llama the
     # input embeddings.

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._units import DType, format_bytes, parse_dtype
 from torchfit.memory.estimate import LayerMemory, MemoryEstimate
-from torchfit.memory.formulas import FP32, model_state_bytes
+from torchfit.memory.formulas import FP32, model_state_bytes, sdpa_is_flash
 
 __all__ = [
     "ActivationReport",
@@ -207,7 +207,7 @@ def _sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         scale: float | None = None,
         enable_gqa: bool = False,  # noqa: FBT001, FBT002
     ) -> torch.Tensor:
-        flash = device == "cuda" or not (training and dropout_p > 0)
+        flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
         if not flash or query.device.type != "meta":
             return original(
                 query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa

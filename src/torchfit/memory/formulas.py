@@ -80,6 +80,22 @@ def sdpa_is_flash(*, device: str, training: bool, dropout: float) -> bool:
     return device == "cuda" or not (training and dropout > 0)
 
 
+def keeps_linear_state(
+    implementation: str | AttentionImpl, *, device: str, training: bool, dropout: float
+) -> bool:
+    """Whether this attention keeps O(s) state (flash-style) rather than the s x s matrix.
+
+    Example:
+        >>> keeps_linear_state("sdpa", device="cpu", training=True, dropout=0.1)
+        False
+    """
+    impl = parse_attention(implementation)
+    return impl is AttentionImpl.FLASH or (
+        impl is AttentionImpl.SDPA
+        and sdpa_is_flash(device=device, training=training, dropout=dropout)
+    )
+
+
 def attention_bytes(
     *,
     batch_size: int,
@@ -120,10 +136,7 @@ def attention_bytes(
     tokens = batch_size * seq_len
     hidden = num_heads * head_dim
     square = batch_size * num_heads * seq_len * seq_len
-    flash = impl is AttentionImpl.FLASH or (
-        impl is AttentionImpl.SDPA
-        and sdpa_is_flash(device=device, training=training, dropout=dropout)
-    )
+    flash = keeps_linear_state(impl, device=device, training=training, dropout=dropout)
     if not training:
         if flash:
             return math.ceil(tokens * hidden * elem)
