@@ -80,7 +80,7 @@ def raw_loop(model, opt, sched, precision, device, *, k, clip):
     return step
 
 
-def wrapped_loop(model, opt, sched, precision, device, *, k, clip, skip_nonfinite=True):
+def wrapped_loop(model, opt, sched, precision, device, *, k, clip, skip_nonfinite="loss"):
     mp = MixedPrecision(precision, device=device, accumulate=k, skip_nonfinite=skip_nonfinite)
 
     def step(batches):
@@ -130,7 +130,11 @@ def overhead_table(
 ) -> str:
     rows = []
     for precision in PRECISIONS:
-        variants = [("", True)] + ([(" (no inf check)", False)] if precision != "fp16" else [])
+        # bf16/fp32: the default check (the losses, and the clip norm when clipping), every
+        # gradient ("grads"), and none; fp16's GradScaler always checks the gradients.
+        variants = [("", "loss")]
+        if precision != "fp16":
+            variants += [(" (grads check)", "grads"), (" (no check)", "never")]
         for k, clip in ((1, None), (4, 1.0)):
             for label, skip_nonfinite in variants:
                 # One model, optimizer and scheduler for both loops: the same memory, the

@@ -176,15 +176,21 @@ def test_several_optimizers_share_one_scaler_bitwise():
     param_index=st.integers(0, 3),
     clip=st.sampled_from([None, 1.0]),
     fused=st.booleans(),
+    into=st.sampled_from(["gradient", "loss"]),
+    check=st.sampled_from(["loss", "grads"]),
 )
-def test_nonfinite_gradient_skips_the_step(
-    precision, k, inject_step, inject_micro, value, param_index, clip, fused
+def test_nonfinite_gradient_or_loss_skips_the_step(
+    precision, k, inject_step, inject_micro, value, param_index, clip, fused, into, check
 ):
     inject_micro %= k
+    if into == "gradient" and clip is None:
+        check = "grads"  # a poisoned gradient under a finite loss: only "grads" reads it
     model = make_model()
     opt = make_optimizer(model, fused=fused)
     sched = make_scheduler(opt)
-    mp = MixedPrecision(precision, device="cpu", accumulate=k, init_scale=2.0**10)
+    mp = MixedPrecision(
+        precision, device="cpu", accumulate=k, init_scale=2.0**10, skip_nonfinite=check
+    )
     for step in range(3):
         for micro in range(k):
             if step == inject_step and micro == k - 1:
@@ -195,8 +201,9 @@ def test_nonfinite_gradient_skips_the_step(
             x, y = batch(step, micro)
             with mp.autocast():
                 loss = forward_loss(model, x, y)
-            mp.backward(loss)
-            if step == inject_step and micro == inject_micro:
+            poison = step == inject_step and micro == inject_micro
+            mp.backward(loss * value if poison and into == "loss" else loss)
+            if poison and into == "gradient":
                 grad = list(model.parameters())[param_index].grad
                 grad.view(-1)[0] = value
             outcome = mp.step(opt, scheduler=sched, clip_grad_norm=clip)
@@ -215,15 +222,57 @@ def test_nonfinite_gradient_skips_the_step(
     assert (mp.optimizer_steps, mp.skipped_steps) == (2, 1)
 
 
-def test_skip_nonfinite_false_steps_like_plain_autocast():
+def test_skip_nonfinite_never_steps_like_plain_autocast():
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mp = MixedPrecision("bf16", device="cpu", skip_nonfinite=False)
+    mp = MixedPrecision("bf16", device="cpu", skip_nonfinite="never")
     with mp.autocast():
         loss = forward_loss(model, *batch(0, 0))
     mp.backward(loss * math.nan)
     assert mp.step(opt) is StepOutcome.STEPPED
     assert torch.isnan(model[2].weight).all()
+
+
+@pytest.mark.parametrize(
+    ("check", "clip", "expected"),
+    [
+        ("loss", None, StepOutcome.STEPPED),  # the documented limit of the default
+        ("loss", 1.0, StepOutcome.SKIPPED),  # the clipping norm sees it for free
+        ("grads", None, StepOutcome.SKIPPED),
+    ],
+)
+def test_default_loss_check_and_a_poisoned_gradient_under_a_finite_loss(check, clip, expected):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mp = MixedPrecision("bf16", device="cpu", skip_nonfinite=check)
+    with mp.autocast():
+        loss = forward_loss(model, *batch(0, 0))
+    mp.backward(loss)
+    assert math.isfinite(loss.item())
+    model[0].weight.grad[0, 0] = math.nan
+    assert mp.step(opt, clip_grad_norm=clip) is expected
+
+
+def test_loss_check_remembers_a_bad_micro_batch_until_the_window_ends():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mp = MixedPrecision("fp32", device="cpu", accumulate=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    outcomes = []
+    for micro in range(6):
+        loss = forward_loss(model, *batch(0, micro))
+        mp.backward(loss * math.inf if micro == 0 else loss)
+        outcomes.append(mp.step(opt))
+    assert outcomes[2] is StepOutcome.SKIPPED
+    assert outcomes[5] is StepOutcome.STEPPED  # the next window starts clean
+    assert not torch.equal(before[0], model[0].weight)
+    assert (mp.optimizer_steps, mp.skipped_steps) == (1, 1)
+
+
+def test_unknown_nonfinite_check_is_an_error_listing_the_choices():
+    with pytest.raises(ValueError, match="skip_nonfinite=True is not") as info:
+        MixedPrecision("bf16", device="cpu", skip_nonfinite=True)
+    assert "'loss', 'grads', 'never'" in str(info.value)
 
 
 def test_skip_detection_without_the_private_scaler_accessor(monkeypatch):
