@@ -352,6 +352,11 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (default: torch's choice)"
     )
+    parser.add_argument(
+        "--only",
+        choices=("bytes", "published", "load"),
+        help="run one part: bytes and quality, published configs, or load time",
+    )
     args = parser.parse_args()
     if args.threads:  # one thread avoids OpenMP spin-waits on a busy, shared machine
         torch.set_num_threads(args.threads)
@@ -364,9 +369,12 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        part_footprint_and_quality(root, steps=60 if args.quick else 200)
-        part_published_configs()
-        part_load_time(root, runs=3 if args.quick else 15)
+        if args.only in (None, "bytes"):
+            part_footprint_and_quality(root, steps=60 if args.quick else 200)
+        if args.only in (None, "published"):
+            part_published_configs()
+        if args.only in (None, "load"):
+            part_load_time(root, runs=3 if args.quick else 15)
 
 
 if __name__ == "__main__":

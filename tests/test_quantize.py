@@ -33,6 +33,7 @@ from torchfit._quantize_layout import (  # noqa: E402
     linear4bit_tensors,
     linear8bit_bytes,
 )
+from torchfit._quantize_plan import QuantSettings, make_plan  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
     Footprint,
     footprint,
@@ -323,6 +324,21 @@ def test_user_skip_list_is_merged_with_the_defaults(saved):
     assert type(plain.lm_head).__name__ == "Linear4bit"
     predicted = quantized_footprint(saved["llama"], skip_modules=["mlp.down_proj"], device="cpu")
     assert predicted.rows == footprint(model).rows
+
+
+@pytest.mark.parametrize("config", [_gpt2(128), _llama()], ids=["gpt2", "llama"])
+def test_meta_build_skips_weight_init_and_puts_it_back(config):
+    init = (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_)
+    model_class = _quantize_hf.model_class_for(config)
+    meta = _quantize_hf.build_meta(config, model_class, torch.float32)
+    assert (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_) == init
+    with torch.device("meta"):
+        reference = model_class.from_config(config)  # initialised (and tied) the slow way
+    assert [(n, p.shape, p.device.type) for n, p in meta.named_parameters()] == [
+        (n, p.shape, "meta") for n, p in reference.named_parameters()
+    ]
+    settings = QuantSettings(bits=4)
+    assert make_plan(meta, settings, ["mlp"]) == make_plan(reference, settings, ["mlp"])
 
 
 def test_skip_names_are_checked_against_the_model(saved):

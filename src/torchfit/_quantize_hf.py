@@ -6,10 +6,12 @@ torchfit.quantize`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -133,14 +135,34 @@ def load_dtype(config: Any, kwargs: dict[str, Any]) -> torch.dtype:
 
 
 def build_meta(config: Any, model_class: Any, dtype: torch.dtype) -> nn.Module:
-    """The model on the meta device: real module names and shapes, no memory, instant."""
+    """The model on the meta device: real module names and shapes, no memory, instant.
+
+    Weight initialisation is switched off (transformers' own ``no_init_weights``, as
+    ``from_pretrained`` does): on meta tensors it computes nothing, yet the init calls
+    were 60% of the build (87M-parameter Llama: 5.6 ms with them, 2.2 ms without). The
+    skipped ``init_weights`` also ties the embeddings, so that is done here.
+    """
     config = copy.deepcopy(config)
-    with torch.device("meta"):
+    with _no_init_weights(), torch.device("meta"):
         if hasattr(model_class, "_from_config"):
             model: nn.Module = model_class._from_config(config, dtype=dtype)  # noqa: SLF001 - transformers' own path from a config
         else:
             model = model_class.from_config(config, dtype=dtype)
+    if hasattr(model, "tie_weights"):  # init_weights ties them, and it was skipped
+        model.tie_weights()
     return model
+
+
+def _no_init_weights() -> contextlib.AbstractContextManager[object]:
+    """Transformers' weight-init switch-off (5.x: ``initialization``, 4.x: ``modeling_utils``)."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            context = getattr(importlib.import_module(module), "no_init_weights", None)
+        except ImportError:
+            continue
+        if context is not None:
+            return cast("contextlib.AbstractContextManager[object]", context())
+    return contextlib.nullcontext()
 
 
 def target_device(device_map: Any) -> str:
