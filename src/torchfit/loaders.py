@@ -33,6 +33,7 @@ from torchfit._loaders_args import (
     time_steps,
 )
 from torchfit._loaders_checks import shm_message
+from torchfit._loaders_dist import shard
 from torchfit._loaders_machine import MachineBudget, machine_budget
 from torchfit._loaders_probe import (
     WorkerSeeder,
@@ -95,6 +96,8 @@ def _tune(
     if max_workers is not None:
         check_int("max_workers", max_workers, low=0, fix="Pass None to let torchfit decide.")
     check_loader_kwargs(dataloader_kwargs, batch_size=batch_size)
+    sharding = shard(dataset, shuffle=shuffle, kwargs=dataloader_kwargs)
+    shuffle, dataloader_kwargs = sharding.shuffle, sharding.kwargs
     # prefetch_factor=None is DataLoader's default ("2 with workers"), not a choice.
     fixed = {
         k: v
@@ -136,11 +139,12 @@ def _tune(
         outcome = search(setup, start=start)
     config = outcome.config
     final = {**loader_kwargs, "worker_init_fn": WorkerSeeder(user.get("worker_init_fn"))}
+    final.update(sharding.final_kwargs(dataset))  # a sampler the probe never iterated
     if config.num_workers and context is not None:
         final["multiprocessing_context"] = context
     with quiet_worker_count():  # the report explains a count above the CPUs
         loader: DataLoader[Any] = DataLoader(dataset, **final, **config.kwargs())
-    notes = list(outcome.reasons)
+    notes = [*outcome.reasons, *sharding.notes]
     if target.type == "cuda" and not torch.cuda.is_available():
         notes.append(f"device {target} was named but CUDA is not available: no pinning")
     report = LoaderReport(
@@ -193,11 +197,20 @@ def tune_loader(
     (``LOCAL_WORLD_SIZE`` or the ``torch.distributed`` world size), and the free space
     of ``/dev/shm`` against workers x prefetch x batch bytes.
 
+    Under an initialized ``torch.distributed`` group, a map-style dataset without a
+    sampler gets ``DistributedSampler(dataset, shuffle=shuffle, seed=0,
+    drop_last=drop_last)`` over the default group: each rank reads exactly what a plain
+    ``DataLoader`` with that sampler yields. Call ``loader.sampler.set_epoch(epoch)``
+    before each epoch, as in PyTorch. A sampler or batch sampler you pass is kept (an
+    ``IterableDataset`` must split itself by rank). Workers are tuned per rank, in its
+    share of the node's CPUs, with no collective call.
+
     Args:
         dataset: A map-style ``Dataset`` (or a sequence) or an ``IterableDataset``.
         batch_size: Samples per batch; ``None`` with a ``batch_sampler`` (or for
             unbatched samples, as in ``DataLoader``).
-        shuffle: Reshuffle every epoch (map-style datasets only).
+        shuffle: Reshuffle every epoch (map-style datasets only). Under
+            ``torch.distributed`` the ``DistributedSampler`` shuffles (seed 0 + epoch).
         time_budget: Seconds the tuning may take, all trials and checks included. A
             trial stops between batches, so a single batch slower than the budget
             overruns it.
@@ -217,7 +230,7 @@ def tune_loader(
         TypeError: ``dataset`` is not a dataset, or an argument has the wrong type or is
             not a ``DataLoader`` argument.
         ValueError: ``batch_size`` < 1, negative ``num_workers``, a non-positive budget,
-            or a combination ``DataLoader`` refuses.
+            ``shuffle=True`` with a ``sampler``, or a combination ``DataLoader`` refuses.
 
     Warns:
         LoaderWarning: ``/dev/shm`` too small for the batches in flight; large
