@@ -47,6 +47,7 @@ def test_plan_json(capsys):
         (["plan", "gpt2", "--gpu", "RTX 9999"], "GPU.custom"),
         (["plan", "gpt2", "--gpu", "A100"], "ambiguous"),
         (["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "99999"], "beyond"),
+        (["plan", "gpt2", "--gpu", "RTX 3060", "--device-map"], "add --inference"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
@@ -93,3 +94,15 @@ def test_plan_trace_adds_the_traced_step(capsys):
     assert "traced (the real step on fake tensors" in captured.out
     assert "reserved replayed exactly" in captured.out
     assert "tracing:" in captured.err  # the progress bar (tqdm, on stderr)
+
+
+def test_plan_device_map_places_layers_on_each_card(capsys):
+    argv = ["plan", "llama-2-13b", "--gpu", "A100 40GB", "--gpus", "2", "--inference"]
+    argv += ["--batch", "8", "--seq", "4096", "--device-map"]
+    assert main([*argv, "--json"]) == 0
+    placed = json.loads(capsys.readouterr().out)["device_map"]
+    layers = [layer for share in placed["devices"] for layer in share["layers"]]
+    assert layers == list(range(40))  # every decoder layer once, in order
+    assert all(share["device_total"] <= share["memory"] for share in placed["devices"])
+    assert main(argv) == 0
+    assert "verdict: FITS on 2 of 2 GPUs" in capsys.readouterr().out

@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also trace the real step on fake tensors (a meta-device build; shows progress)",
     )
+    plan.add_argument(
+        "--device-map",
+        action="store_true",
+        help="with --inference: place the layers on the --gpus cards (accelerate), each "
+        "keeping room for its KV cache and activations",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
 
@@ -93,17 +99,45 @@ def _plan(args: argparse.Namespace) -> int:
 
         plot_plan(args.model, plan, args.plot)
     traced = _traced(args, plan) if args.trace else None
+    placed = _device_map(args, plan) if args.device_map else None
     if args.json:
         data = plan.to_dict()
         if traced is not None:
             data["traced"] = traced.to_dict()
+        if placed is not None:
+            data["device_map"] = placed.to_dict()
         print(json.dumps(data, indent=2))
         return 0
     print(plan)
     if traced is not None:
         print("\ntraced (the real step on fake tensors, for the same settings):")
         print(traced)
+    if placed is not None:
+        print()
+        print(placed)
     return 0
+
+
+def _device_map(args: argparse.Namespace, plan: Any) -> Any:
+    """The inference device map over ``--gpus`` cards for the plan's settings."""
+    from torchfit.memory.device_map import plan_device_map  # noqa: PLC0415
+
+    settings = plan.settings
+    if settings.mode != "inference":
+        raise ValueError(
+            "--device-map places the layers for inference (weights, KV cache, activations); "
+            "add --inference, or use --strategy for training across GPUs"
+        )
+    bits = {"int8": 8, "nf4": 4}.get(str(settings.dtype))
+    return plan_device_map(
+        args.model,
+        [args.gpu] * args.gpus,
+        batch_size=settings.batch_size,
+        seq_len=settings.seq_len,
+        dtype="auto" if bits else settings.dtype,
+        bits=bits,
+        attn_implementation=args.attn,
+    )
 
 
 def _traced(args: argparse.Namespace, plan: Any) -> Any:

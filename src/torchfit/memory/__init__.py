@@ -39,6 +39,12 @@ from torchfit.memory.catalog import (
     model_config,
     model_entry,
 )
+from torchfit.memory.device_map import (
+    DeviceMap,
+    DeviceShare,
+    evaluate_device_map,
+    plan_device_map,
+)
 from torchfit.memory.estimate import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
 from torchfit.memory.formulas import (
     attention_bytes,
@@ -70,6 +76,8 @@ __all__ = [
     "BatchSizeResult",
     "BatchTrial",
     "CachingAllocator",
+    "DeviceMap",
+    "DeviceShare",
     "LayerMemory",
     "Margin",
     "Measurement",
@@ -92,6 +100,7 @@ __all__ = [
     "deepspeed_zero_bytes",
     "describe",
     "estimate",
+    "evaluate_device_map",
     "find_batch_size",
     "fits",
     "gpu",
@@ -110,6 +119,7 @@ __all__ = [
     "model_state_bytes",
     "optimizer_state_bytes",
     "parse_strategy",
+    "plan_device_map",
     "replay",
     "round_request",
     "segment_size",
