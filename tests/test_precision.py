@@ -398,7 +398,7 @@ def test_state_dict_inside_a_window_is_refused():
 @pytest.mark.parametrize(
     ("saved", "message"),
     [
-        ({"precision": "fp16"}, "precision='fp16'"),
+        ({"precision": "fp16"}, r"build it with MixedPrecision\(dtype='fp16'"),
         ({"accumulate": 4}, "accumulate=4"),
         ({"format": 99}, "not a MixedPrecision state dict"),
     ],

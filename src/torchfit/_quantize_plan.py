@@ -187,10 +187,10 @@ def _check_user_skips(model: nn.Module, user: list[str]) -> None:
         if not any(skip_matches(key, n) for n in names):
             tails = sorted({n.rsplit(".", 1)[-1] for n in names} | set(names))
             close = difflib.get_close_matches(key, tails, n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             raise ValueError(
                 f"skip_modules entry {key!r} matches no module of {type(model).__name__}, so "
-                f"it would protect nothing{hint} An entry matches a module path from its "
+                f"it would protect nothing{hint}. An entry matches a module path from its "
                 "start ('model.layers.0') or its end ('lm_head', 'mlp.down_proj')"
             )
 

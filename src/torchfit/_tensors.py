@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-__all__ = ["reachable_tensors"]
+__all__ = ["check_materialized", "reachable_tensors"]
 
 
 def _children(obj: object) -> list[object]:
@@ -46,3 +46,25 @@ def reachable_tensors(obj: object, seen: set[int] | None = None) -> Iterator[tor
         return
     for child in _children(obj):
         yield from reachable_tensors(child, seen)
+
+
+def check_materialized(model: nn.Module, *, what: str = "torchfit") -> None:
+    """Refuse a model whose lazy modules (``nn.LazyLinear``, ...) have no shapes yet.
+
+    Raises:
+        ValueError: naming the first uninitialized parameter and the fix.
+
+    Example:
+        >>> check_materialized(torch.nn.Sequential(torch.nn.LazyLinear(4)))
+        Traceback (most recent call last):
+        ...
+        ValueError: parameter '0.weight' of LazyLinear is not initialized yet ...
+    """
+    for name, param in model.named_parameters():
+        if isinstance(param, nn.parameter.UninitializedParameter):
+            owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            raise ValueError(  # noqa: TRY004 - a value (the model) not ready, not a wrong type
+                f"parameter {name!r} of {type(owner).__name__} is not initialized yet (a lazy "
+                f"module): its shape comes from the first forward, so {what} cannot size it. "
+                "Run the model once on a real batch (model(x)) before estimating it"
+            )

@@ -446,12 +446,16 @@ class MixedPrecision:
                 f"not a MixedPrecision state dict (format {state.get('format')!r}, expected "
                 f"{_STATE_FORMAT}); pass what MixedPrecision.state_dict() returned"
             )
-        for key, mine in (("precision", str(self.dtype)), ("accumulate", self.accumulate)):
+        # (state dict key, MixedPrecision argument, this object's value)
+        for key, arg, mine in (
+            ("precision", "dtype", str(self.dtype)),
+            ("accumulate", "accumulate", self.accumulate),
+        ):
             if state[key] != mine:
                 raise ValueError(
-                    f"the checkpoint was saved with {key}={state[key]!r} but this "
-                    f"MixedPrecision has {key}={mine!r}; build it with "
-                    f"MixedPrecision({key}={state[key]!r}, ...) to resume exactly"
+                    f"the checkpoint was saved with {arg}={state[key]!r} but this "
+                    f"MixedPrecision has {arg}={mine!r}; build it with "
+                    f"MixedPrecision({arg}={state[key]!r}, ...) to resume exactly"
                 )
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_steps = int(state["skipped_steps"])

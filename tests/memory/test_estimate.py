@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,20 @@ def test_affine_rejects_flat_lines():
     line = AffineEstimate(MemoryEstimate(weights=1), MemoryEstimate())
     with pytest.raises(ValueError, match="does not grow"):
         line.max_batch_size(100)
+
+
+@pytest.mark.parametrize("how", ["estimate", "trace", "activation_bytes"])
+def test_a_lazy_module_not_run_yet_is_refused_with_the_fix(how):
+    from torchfit.memory import activation_bytes, estimate, trace
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LazyLinear(4))
+    call = {
+        "estimate": lambda: estimate(model, input_shape=(3,), batch_size=2),
+        "trace": lambda: trace(model, torch.randn(2, 3)),
+        "activation_bytes": lambda: activation_bytes(model, torch.randn(2, 3)),
+    }[how]
+    message = r"'1\.weight' of LazyLinear is not initialized.*model\(x\)"
+    with pytest.raises(ValueError, match=message):
+        call()
+    model(torch.randn(2, 3))  # materialized: now it works
+    assert call() is not None

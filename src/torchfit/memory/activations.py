@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._tensors import check_materialized
 from torchfit._units import DType, format_bytes, parse_dtype
 from torchfit.memory.estimate import LayerMemory, MemoryEstimate
 from torchfit.memory.formulas import FP32, model_state_bytes, sdpa_is_flash
@@ -279,6 +280,7 @@ def activation_bytes(
         >>> report.input_bytes  # the conv saves the input too: yours, counted apart
         24576
     """
+    check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
     convert = _to_meta(torch_dtype)
     params = {
@@ -471,6 +473,7 @@ def inference_peak(
     The input and the parameters are not counted (they exist before the call); the
     output is (it is alive when the forward returns).
     """
+    check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
     convert = _to_meta(torch_dtype)
     tensors = {n: convert(p.detach()) for n, p in model.named_parameters(remove_duplicate=False)}

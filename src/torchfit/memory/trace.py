@@ -36,6 +36,7 @@ from torchfit._step import (
     parse_mode,
     run_step,
 )
+from torchfit._tensors import check_materialized
 from torchfit.memory._trace_fake import reachable_tensors
 from torchfit.memory._trace_result import Event, Trace, TracedStorage
 from torchfit.memory._trace_run import Session, copy_to_fake, new_fake_mode, run_session
@@ -107,6 +108,7 @@ def trace_events(
         >>> t.events[0][0]
         'alloc'
     """
+    check_materialized(model, what="trace")
     step_mode = parse_mode(mode)
     target = _parse_device(device)
     training = step_mode is Mode.TRAIN
