@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -107,3 +108,49 @@ def test_sharded_plan_on_several_cards():
     assert "fsdp, per rank" in str(fsdp)
     with pytest.raises(ValueError, match="ddp"):
         fits("gpt2", cards, strategy="pipeline")
+
+
+_SHARDED = re.compile(
+    r"(?P<label>[^:]+?) on (?P<n>\d+) GPUs at batch (?P<micro>\d+) per GPU"
+    r"(?:, (?P<steps>\d+) steps accumulated)? \(global (?P<kept>\d+)(?:, was (?P<was>\d+))?\)"
+)
+
+
+def test_sharding_advice_keeps_the_global_batch_on_the_fewest_gpus():
+    # gpt2-large, batch 16 x 1024: activations alone (45 GiB) overflow one RTX 4090
+    plan = fits("gpt2-large", "RTX 4090", batch_size=16, seq_len=1024)
+    assert not plan.fits
+    found = {}
+    for advice in plan.advice:
+        match = _SHARDED.fullmatch(advice.knob)
+        if match:
+            found[match["label"]] = (advice, match)
+    assert set(found) == {"DDP", "ZeRO-2", "FSDP / ZeRO-3"}
+    strategies = {"DDP": "ddp", "ZeRO-2": "zero2", "FSDP / ZeRO-3": "fsdp"}
+    for label, (advice, match) in found.items():
+        n, micro = int(match["n"]), int(match["micro"])
+        steps = int(match["steps"] or 1)
+        assert advice.fits and match["was"] is None
+        assert int(match["kept"]) == n * micro * steps == 16  # the global batch is kept
+        cards = ["RTX 4090"] * n
+        again = fits(
+            "gpt2-large", cards, strategy=strategies[label], batch_size=micro, seq_len=1024
+        )
+        assert again.fits and again.estimate.device_total == advice.device_total
+        if steps > 1:  # accumulation only where the whole share would not fit
+            share = fits(
+                "gpt2-large", cards, strategy=strategies[label], batch_size=2 * micro, seq_len=1024
+            )
+            assert not share.fits
+
+
+def test_sharding_advice_says_when_the_global_batch_must_grow():
+    # llama-2-7b full fine-tune, batch 8: no strategy fits 8 x RTX 4090; the nearest miss
+    # runs one sample per GPU on 64 GPUs, which the advice must say changes the batch
+    plan = fits("llama-2-7b", "RTX 4090", batch_size=8, seq_len=1024)
+    fsdp = [a for a in plan.advice if a.knob.startswith("FSDP")]
+    assert len(fsdp) == 1 and not fsdp[0].fits
+    match = _SHARDED.fullmatch(fsdp[0].knob)
+    assert match and match["n"] == "64" and match["kept"] == "64" and match["was"] == "8"
+    fewer = fits("llama-2-7b", ["RTX 4090"] * 8, strategy="fsdp", batch_size=1, seq_len=1024)
+    assert not fewer.fits  # 8 GPUs, the most that keep batch 8, do not hold it

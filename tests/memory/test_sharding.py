@@ -62,7 +62,10 @@ def test_shard_estimate_matches_deepspeed_model_states(p, n, layer):
     The differences are exactly the buffers each side counts and the other does not:
     stage 1 here is torch's ZeroRedundancyOptimizer under DDP (+ DDP's flat gradient
     buckets, 2P); DeepSpeed stage 2/3 also hold an fp32 gradient partition (4P/N) and
-    stage 3 a 16-bit parameter partition beside the fp32 master (so +2P/N net).
+    stage 3 a 16-bit parameter partition beside the fp32 master (so +2P/N net). Stage 3
+    here peaks at the end of backward with FSDP2's two units of gradients in flight (the
+    current unit's and the previous reduce-scatter input, 2 x 2 x layer bytes), which
+    DeepSpeed's estimator leaves out; both count two gathered units (4 x layer).
     """
     e = _mixed_adam(p)
     kw = dict(bucket_bytes=0, param_bytes=2, grad_bytes=2, largest_layer_params=layer)
@@ -71,7 +74,9 @@ def test_shard_estimate_matches_deepspeed_model_states(p, n, layer):
     z3 = _shard(e, "zero3", n, p, **kw).model_states
     assert abs(z1 - 2 * p - deepspeed_zero_bytes(p, n, 1)) < 2
     assert abs(z2 + 4 * p / n - deepspeed_zero_bytes(p, n, 2)) < 3
-    assert abs(z3 + 2 * p / n - deepspeed_zero_bytes(p, n, 3, largest_layer_params=layer)) < 4
+    in_flight = 2 * 2 * layer
+    ds3 = deepspeed_zero_bytes(p, n, 3, largest_layer_params=layer)
+    assert abs(z3 + 2 * p / n - in_flight - ds3) < 4
 
 
 # ---- the rules ------------------------------------------------------------------------
@@ -141,13 +146,18 @@ def test_offload_params_leaves_only_gathered_layers():
         offload_optimizer=True,
         bucket_bytes=0,
     )
+    # the end of backward: two gathered 16-bit units, as DeepSpeed counts, and two fp32
+    # units of gradients in flight on their way to the CPU
+    assert rank.peak_at == "end of backward"
     assert (
-        rank.model_states
+        rank.weights
         == 4 * layer
         == deepspeed_zero_bytes(
             p, 8, 3, largest_layer_params=layer, offload_optimizer=True, offload_params=True
         )
     )
+    assert rank.gradients == 2 * 4 * layer
+    assert rank.optimizer == 0
 
 
 def test_note_names_strategy_and_n():
@@ -160,9 +170,9 @@ def test_backward_start_moment_wins_when_larger():
     p = 10**9
     step = _mixed_adam(p)  # gradients, no activations
     start = MemoryEstimate(activations=5 * 10**9, peak_at="start of backward")
-    rank = _shard(step, "fsdp", 64, p, backward_start=start)
+    rank = _shard(step, "fsdp", 64, p, backward_start=start, largest_layer_params=10**7)
     assert rank.activations == 5 * 10**9
-    assert rank.gradients == min(25 * 2**20, 4 * p)  # only the bucket: no gradients yet
+    assert rank.gradients == 2 * 4 * 10**7  # one unit computing, one reduce-scattering
     assert rank.peak_at == "start of backward"
 
 
@@ -261,3 +271,34 @@ def test_llama2_7b_on_a100_40gb():
     assert rank["FSDP2 + optimizer offload"] <= rank["FSDP2"]
     assert answers["ZeRO-3"] is not None  # 7B states sharded over <= 1024 GPUs must fit
     assert answers["DDP"] is None  # a 16 B/param replica of 7B (~100 GiB) cannot fit 40 GiB
+
+
+# ---- FSDP2's moments (measured on CPU ranks: tests/memory/test_sharding_fsdp_ranks.py) --
+
+
+def test_fsdp_peaks_at_end_of_backward_with_units_in_flight():
+    p, layer, n = 10**9, 10**7, 8
+    kw = dict(largest_layer_params=layer, param_bytes=2, grad_bytes=2)
+    rank = _shard(_mixed_adam(p), "fsdp", n, p, **kw)
+    # all gradient shards, two gathered units, two units of gradients in flight
+    assert rank.peak_at == "end of backward"
+    assert rank.weights == math.ceil(2 * p / n) + 2 * 2 * layer
+    assert rank.gradients == math.ceil(2 * p / n) + 2 * 2 * layer
+    # units kept gathered after forward have each resharded after their own backward
+    kept = _shard(_mixed_adam(p), "fsdp", n, p, reshard_after_forward=False, **kw)
+    assert kept.weights == rank.weights
+    # at the optimizer step nothing is gathered or in flight
+    step = _shard(_mixed_adam(p).replace(workspace=10**12), "fsdp", n, p, **kw)
+    assert step.peak_at == "optimizer step"
+    assert step.weights == step.gradients == math.ceil(2 * p / n)
+
+
+def test_cpu_step_temporaries_shrink_only_with_sharded_tensors():
+    p, n = 10**6, 4
+    e = _mixed_adam(p).replace(workspace=10**9, device="cpu")  # the step is the peak
+    # ZeroRedundancyOptimizer hands out whole tensors: the largest one's temporaries stay
+    assert _shard(e, "zero1", n, p).workspace == 10**9
+    # FSDP2 steps dim-0 shards of every tensor: per-tensor temporaries are 1/N
+    assert _shard(e, "fsdp", n, p).workspace == 10**9 // n
+    # CUDA's foreach temporaries span the (sharded) list under every ZeRO stage
+    assert _shard(e.replace(device="cuda"), "zero1", n, p).workspace == 10**9 // n

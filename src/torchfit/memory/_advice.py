@@ -18,6 +18,17 @@ __all__ = ["Advice", "advise", "lora_parameters"]
 
 _LORA_RANK = 16
 _SHARDS = (2, 4, 8, 16, 32, 64)
+#: Data-parallel strategies the advice tries, cheapest communication first, with what
+#: each shards (`torchfit.memory.sharding`).
+_STRATEGIES = (
+    ("ddp", "DDP", "a full replica per GPU; only the batch is split"),
+    ("zero2", "ZeRO-2", "optimizer state and gradients sharded, activations per GPU"),
+    (
+        "fsdp",
+        "FSDP / ZeRO-3",
+        "weights, gradients and optimizer state sharded, activations per GPU",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +139,7 @@ def advise(
         found.append(Advice(knob, total, current.device_total - total, total <= budget, detail))
     found += _accumulation(reestimate, settings, current, budget)
     if settings.mode == "train":
-        found += _sharding(current, budget, num_gpus)
+        found += _sharding(reestimate, settings, current, budget, num_gpus)
     found = [a for a in found if a.saves > 0]
     return tuple(sorted(found, key=lambda a: (not a.fits, -a.saves)))
 
@@ -159,32 +170,76 @@ def _accumulation(
     return []
 
 
-def _sharding(current: MemoryEstimate, budget: int, num_gpus: int) -> list[Advice]:
-    states = current.weights + current.gradients + current.optimizer
+def _sharding(
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
+    settings: Settings,
+    current: MemoryEstimate,
+    budget: int,
+    num_gpus: int,
+) -> list[Advice]:
+    """Per strategy: the fewest GPUs that hold the step with the global batch kept."""
     advice: list[Advice] = []
+    world = max(1, settings.world_size)
+    global_batch = settings.batch_size * world
     counts = [n for n in _SHARDS if n >= max(2, num_gpus)]
-    for n in counts:
-        total = current.device_total - states + math.ceil(states / n)
-        if total <= budget or n == counts[-1]:
-            advice.append(
-                Advice(
-                    f"FSDP / ZeRO-3 over {n} GPUs",
-                    total,
-                    current.device_total - total,
-                    total <= budget,
-                    "weights, gradients and optimizer state sharded; activations per rank",
-                )
-            )
-            break
-    if current.optimizer:
-        total = current.device_total - current.optimizer
-        advice.append(
-            Advice(
-                "optimizer state offloaded to CPU",
-                total,
-                current.optimizer,
-                total <= budget,
-                "ZeRO-Offload / FSDP CPUOffload; slower steps",
-            )
+    for strategy, label, detail in _STRATEGIES:
+        try:
+            found = _fewest_gpus(reestimate, strategy, counts, global_batch, budget)
+        except ValueError:  # no transformer description: per-rank plans need one
+            return _offload(current, budget)
+        if found is None:
+            continue
+        n, micro, steps, total = found
+        knob = f"{label} on {n} GPUs at batch {micro} per GPU"
+        knob += f", {steps} steps accumulated" if steps > 1 else ""
+        kept = n * micro * steps
+        knob += (
+            f" (global {kept})" if kept == global_batch else f" (global {kept}, was {global_batch})"
         )
-    return advice
+        fits = total <= budget
+        advice.append(Advice(knob, total, current.device_total - total, fits, detail))
+    return advice + _offload(current, budget)
+
+
+def _fewest_gpus(
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
+    strategy: str,
+    counts: list[int],
+    global_batch: int,
+    budget: int,
+) -> tuple[int, int, int, int] | None:
+    """(GPUs, per-GPU micro-batch, accumulation steps, device total) for one strategy.
+
+    For N = 2, 4, ... the per-GPU share of the global batch is ``ceil(B / N)``; when
+    it does not fit, it is halved with gradient accumulation making up the rest. The
+    first N with a micro-batch that fits wins; with none, the largest N at micro-batch 1
+    is returned as the nearest miss (``None`` when even that saves nothing new).
+    """
+    last: tuple[int, int, int, int] | None = None
+    for n in counts:
+        share = math.ceil(global_batch / n)
+        micro = share
+        while micro >= 1:
+            change = {"strategy": strategy, "world_size": n, "batch_size": micro}
+            total = reestimate(change).device_total
+            steps = math.ceil(share / micro)
+            if total <= budget:
+                return n, micro, steps, total
+            last = (n, micro, steps, total)
+            micro //= 2
+    return last
+
+
+def _offload(current: MemoryEstimate, budget: int) -> list[Advice]:
+    if not current.optimizer:
+        return []
+    total = current.device_total - current.optimizer
+    return [
+        Advice(
+            "optimizer state offloaded to CPU",
+            total,
+            current.optimizer,
+            total <= budget,
+            "ZeRO-Offload / FSDP CPUOffload; slower steps",
+        )
+    ]

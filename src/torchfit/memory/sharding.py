@@ -12,11 +12,20 @@ single        W                           G                            O
 DDP           W                           G + flat bucket buffer       O
 ZeRO-1        W                           G + flat bucket buffer       O / N
 ZeRO-2        W                           G / N + one bucket           O / N
-ZeRO-3/FSDP   W / N + gathered layers     G / N + one bucket           O / N
+ZeRO-3/FSDP   W / N + 2 gathered units    G / N + 2 units in flight    O / N
 ============  ==========================  ===========================  ==================
 
+FSDP's gathered units and gradients in flight exist in forward and backward only: at the
+optimizer step a rank holds bare shards. Its peak is the start of backward (activations)
+or the end of backward (all gradient shards); ``reshard_after_forward=False`` gathers
+every unit at the start of backward, the backward-time footprint of ZeRO-2 (FSDP1's
+``SHARD_GRAD_OP``). Measured on CPU ranks (gloo and the fake process group, 2 and 4
+ranks: tests/memory/test_sharding_fsdp_ranks.py).
+
 At the optimizer step, CUDA's foreach temporaries shrink with the optimizer shard; the
-CPU's per-tensor temporaries do not. Offloaded state counts 0 on the device.
+CPU's per-tensor temporaries shrink only under FSDP (every tensor is a dim-0 shard), not
+under ZeroRedundancyOptimizer (whole tensors per rank). Offloaded state counts 0 on the
+device.
 
 `deepspeed_zero_bytes` reproduces DeepSpeed's own estimators for cross-checking, and
 `min_gpus` finds the smallest power-of-two world size whose per-rank total fits.
@@ -127,7 +136,9 @@ def shard_estimate(
     shrinks the second more than the first, so a single-GPU peak at the optimizer step
     can become a per-rank peak at the start of backward. Pass that moment as
     ``backward_start`` and the larger per-rank moment is returned; without it, only the
-    moment ``estimate`` describes is sharded.
+    moment ``estimate`` describes is sharded. Under FSDP / ZeRO-3 a third moment, the
+    end of backward (all gradient shards, units still gathered, gradients in flight), is
+    derived from an optimizer-step ``estimate`` and weighed too.
 
     Args:
         estimate: The single-GPU estimate at the per-rank batch size (e.g. from
@@ -168,9 +179,12 @@ def shard_estimate(
         >>> single = MemoryEstimate(weights=4_000, gradients=4_000, optimizer=8_000,
         ...                         activations=1_000)
         >>> rank = shard_estimate(single, strategy="fsdp", world_size=4, params=1_000,
-        ...                       largest_layer_params=100, bucket_bytes=0)
+        ...                       largest_layer_params=100)
         >>> rank.weights, rank.gradients, rank.optimizer, rank.activations
-        (1800, 1000, 2000, 1000)
+        (1800, 1800, 2000, 1000)
+
+        Shards of 1/4, two units of 100 parameters gathered and two units of gradients
+        in flight (fp32: 400 bytes each).
     """
     kind = parse_strategy(strategy)
     options = _Options(
@@ -186,20 +200,25 @@ def shard_estimate(
         grad_bytes=grad_bytes,
         autocast_copies=autocast_copies,
     )
-    rank = _shard_one(estimate, options)
-    if backward_start is None:
-        return rank
-    start = estimate.replace(
-        gradients=0,
-        activations=backward_start.activations,
-        kv_cache=backward_start.kv_cache,
-        workspace=backward_start.workspace,
-        overhead=backward_start.overhead,
-        layers=backward_start.layers,
-        peak_at=backward_start.peak_at or "start of backward",
-    )
-    other = _shard_one(start, options)
-    return other if other.total > rank.total else rank
+    moments = [_shard_one(estimate, options)]
+    if kind is Strategy.ZERO3 and estimate.peak_at == "optimizer step":
+        # The end of backward: every gradient shard exists (activations are gone) while
+        # the last units are still gathered and their gradients in flight. Under FSDP it
+        # can outgrow the optimizer step, where nothing is gathered or in flight.
+        end = estimate.replace(workspace=0, peak_at="end of backward")
+        moments.append(_shard_one(end, options))
+    if backward_start is not None:
+        start = estimate.replace(
+            gradients=0,
+            activations=backward_start.activations,
+            kv_cache=backward_start.kv_cache,
+            workspace=backward_start.workspace,
+            overhead=backward_start.overhead,
+            layers=backward_start.layers,
+            peak_at="start of backward",  # whatever moment ``backward_start`` was cut at
+        )
+        moments.append(_shard_one(start, options))
+    return max(moments, key=lambda moment: moment.total)  # ties: the first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +256,7 @@ class _Options:
 
 def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
     kind, world_size, params = o.kind, o.world_size, o.params
-    largest_layer_params, bucket_bytes = o.largest_layer_params, o.bucket_bytes
+    bucket_bytes = o.bucket_bytes
     offload_optimizer, offload_params = o.offload_optimizer, o.offload_params
     param_bytes, grad_bytes = o.param_bytes, o.grad_bytes
     n = world_size
@@ -266,27 +285,14 @@ def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
             # (torch/optim/adamw.py _multi_tensor_adamw); the CPU default steps one tensor
             # at a time, so its temporaries do not shrink (measured with gloo, 2 ranks).
             workspace = math.ceil(workspace / n)
-    if kind in {Strategy.ZERO2, Strategy.ZERO3}:
+    if kind is Strategy.ZERO2:
         # Gradients are reduce-scattered: each rank keeps its 1/N partition plus the
-        # reduction bucket in flight (DeepSpeed stage_1_and_2.py reduce_bucket_size;
-        # FSDP2 _fsdp_collectives.foreach_reduce's reduce-scatter input of one unit).
+        # reduction bucket in flight (DeepSpeed stage_1_and_2.py reduce_bucket_size).
         # With offload, the partition goes to the CPU as it is reduced.
-        shard = 0 if offload_optimizer or offload_params else math.ceil(gradients / n)
+        shard = 0 if offload_optimizer else math.ceil(gradients / n)
         gradients = shard + min(bucket_bytes, full_grads)
     if kind is Strategy.ZERO3:
-        # Parameters are sharded; each unit is all-gathered for its forward and backward.
-        # FSDP2 overlaps the next unit's all-gather with the current one's compute
-        # (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, implicit prefetch),
-        # so two gathered units can be alive: the same 4 x largest_layer_params bytes as
-        # DeepSpeed's stage3.py estimate with 16-bit parameters.
-        gathered = 2 * math.ceil(largest_layer_params * param_bytes)
-        if not o.reshard_after_forward:
-            # reshard_after_forward=False keeps every unit unsharded from its forward to
-            # its backward (fully_shard docstring): all parameters are gathered at the
-            # start of backward.
-            gathered = max(gathered, math.ceil(params * param_bytes))
-        shard = 0 if offload_params else math.ceil(weights / n)
-        weights = shard + gathered
+        weights, gradients, workspace = _fully_sharded(estimate, o, workspace, at_step=at_step)
         if param_bytes < 4:
             # Gathered 16-bit parameters: autocast has nothing to cast, no copies kept.
             overhead -= min(o.autocast_copies, overhead)
@@ -305,6 +311,46 @@ def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
         reserved=None,
         notes=(*estimate.notes, note),
     )
+
+
+def _fully_sharded(
+    estimate: MemoryEstimate, o: _Options, workspace: int, *, at_step: bool
+) -> tuple[int, int, int]:
+    """Weights, gradients and workspace of one FSDP2 / ZeRO-3 rank at one moment.
+
+    Parameters, gradients and optimizer state are dim-0 shards (1/N each). The unit (a
+    ``fully_shard`` module, e.g. a block) is the granularity of every collective
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+
+    - in forward and backward, two units are gathered: the one computing and the next,
+      prefetched (implicit prefetch; the same 4 x largest layer as DeepSpeed's stage3.py
+      estimate with 16-bit parameters). ``reshard_after_forward=False`` keeps every unit
+      gathered from its forward to its backward: at the start of backward, all of them
+      (each reshards after its own backward, so at the end of backward two again);
+    - in backward, two units of gradients are in flight: the unsharded gradients autograd
+      is producing for the current unit, and the previous unit's reduce-scatter input,
+      which ``post_backward`` keeps (``reduce_scatter_states``, at most
+      ``reduce_scatter_max_input_buffers=1``) until the next unit's reduce starts;
+    - at the optimizer step, nothing is gathered or in flight: each unit reshards in its
+      post-backward and the root's final callback waits for the last reduce-scatter. The
+      step runs over the shards, so its per-tensor temporaries (CPU) shrink by N too.
+
+    Measured on CPU with gloo, 2 and 4 ranks (tests/memory/test_sharding_fsdp_ranks.py).
+    """
+    n = o.world_size
+    shard_w = 0 if o.offload_params else math.ceil(estimate.weights / n)
+    offloaded = o.offload_optimizer or o.offload_params
+    shard_g = 0 if offloaded else math.ceil(estimate.gradients / n)
+    if at_step:
+        if not o.offload_optimizer and estimate.device == "cpu":
+            workspace = math.ceil(workspace / n)  # CUDA's foreach share: see _shard_one
+        return shard_w, shard_g, workspace
+    unit_params = math.ceil(o.largest_layer_params * o.param_bytes)
+    gathered = 2 * unit_params
+    if not o.reshard_after_forward and estimate.peak_at != "end of backward":
+        gathered = max(gathered, math.ceil(o.params * o.param_bytes))
+    in_flight = 2 * math.ceil(o.largest_layer_params * o.grad_bytes)
+    return shard_w + gathered, shard_g + in_flight, workspace
 
 
 def _describe(kind: Strategy) -> str:
