@@ -2,10 +2,9 @@
 
 Prints the tables of docs/multi-gpu.md: per-rank device totals (what nvidia-smi would show)
 for world sizes 1..64, the fewest GPUs each strategy needs, and DeepSpeed's own
-model-state estimates for the same model beside them. The strategies without offload are
-exactly what ``torchfit plan MODEL --gpu CARD --gpus N --strategy S`` computes (`fits`);
-the offload rows call `shard_estimate` with the same inputs, since `fits` has no offload
-option yet.
+model-state estimates for the same model beside them. Every torchfit row is what
+``torchfit plan MODEL --gpu CARD --gpus N --strategy S [--offload-optimizer]
+[--offload-params] [--param-dtype bf16]`` computes (`fits`).
 
 Usage:
     python benchmarks/multi_gpu.py [--model llama-2-13b] [--gpu "A100 40GB"]
@@ -16,85 +15,47 @@ from __future__ import annotations
 
 import argparse
 
-from torchfit.memory import describe, estimate, fits, gpu, model_config, to_device
-from torchfit.memory.sharding import deepspeed_zero_bytes, shard_estimate
+from torchfit.memory import describe, fits, gpu, model_config
+from torchfit.memory.sharding import deepspeed_zero_bytes
 
 WORLDS = (1, 2, 4, 8, 16, 32, 64)
 GIB = 2**30
 
 
+#: (row, strategy, fits' extra options): every row is what `fits` (and so the CLI) says.
+VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
+    ("ddp", "ddp", {}),
+    ("zero1", "zero1", {}),
+    ("zero2", "zero2", {}),
+    ("fsdp", "fsdp", {}),
+    ("fsdp, bf16 MixedPrecisionPolicy", "fsdp", {"param_dtype": "bf16"}),
+    ("fsdp+opt-offload", "fsdp", {"offload_optimizer": True}),
+    ("fsdp+opt-offload, bf16 MPP", "fsdp", {"offload_optimizer": True, "param_dtype": "bf16"}),
+    (
+        "fsdp+opt+param-offload, bf16 MPP",
+        "fsdp",
+        {"offload_optimizer": True, "offload_params": True, "param_dtype": "bf16"},
+    ),
+)
+
+
 def _plan_rows(args: argparse.Namespace, card_name: str) -> dict[str, list[float]]:
     """Per-rank device totals from `fits`, as the CLI computes them."""
-    rows: dict[str, list[float]] = {}
     common = {
         "batch_size": args.batch,
         "seq_len": args.seq,
         "gradient_checkpointing": args.checkpointing,
     }
-    for strategy in ("ddp", "zero1", "zero2", "fsdp"):
-        rows[strategy] = [
-            fits(args.model, [card_name] * n, strategy=strategy, **common).estimate.device_total
+    return {
+        name: [
+            fits(
+                args.model, [card_name] * n, strategy=strategy, **common, **options
+            ).estimate.device_total
             / GIB
             for n in WORLDS
         ]
-    return rows
-
-
-def _offload_rows(args: argparse.Namespace, card_name: str) -> dict[str, list[float]]:
-    """FSDP variants `fits` has no option for: `shard_estimate` on fits' inputs."""
-    config = model_config(args.model)
-    spec = describe(config)
-    card = gpu(card_name)
-    dtype = "bf16" if card.bf16 else "fp16"
-    kw = {
-        "batch_size": args.batch,
-        "seq_len": args.seq,
-        "dtype": dtype,
-        "gradient_checkpointing": args.checkpointing,
-        "device": "cuda",
+        for name, strategy, options in VARIANTS
     }
-    single = estimate(config, **kw)
-    start = estimate(config, **kw, trainable_params=1)  # the start of backward
-    block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
-    largest = max(block, spec.embedding_params, spec.head_params)
-    from torchfit.memory import model_state_bytes  # noqa: PLC0415
-
-    copies = model_state_bytes(
-        params=spec.num_params,
-        dtype=dtype,
-        mixed_precision=True,
-        autocast_params=spec.linear_params,
-    ).autocast_copies
-    variants = (
-        ("fsdp, bf16 MixedPrecisionPolicy", False, False, 2),
-        ("fsdp+opt-offload", True, False, 4),
-        ("fsdp+opt-offload, bf16 MPP", True, False, 2),
-        ("fsdp+opt+param-offload, bf16 MPP", True, True, 2),
-    )
-    rows: dict[str, list[float]] = {}
-    for name, offload, params_too, param_bytes in variants:
-        rows[name] = [
-            to_device(
-                shard_estimate(
-                    single,
-                    strategy="fsdp",
-                    backward_start=start,
-                    world_size=n,
-                    params=spec.num_params,
-                    largest_layer_params=largest,
-                    offload_optimizer=offload,
-                    offload_params=params_too,
-                    param_bytes=param_bytes,
-                    # FSDP2 MixedPrecisionPolicy(param_dtype=bf16) gathers 16-bit
-                    # parameters: autocast's weight copies go away
-                    autocast_copies=copies,
-                ),
-                gpu=card,
-            ).device_total
-            / GIB
-            for n in WORLDS
-        ]
-    return rows
 
 
 def _deepspeed_rows(model: str) -> tuple[dict[str, list[float]], int, int]:
@@ -144,7 +105,7 @@ def main() -> None:
         f"checkpointing {'on' if args.checkpointing else 'off'}; "
         f"{card.name} ({budget:.2f} GiB)\n"
     )
-    rows = {**_plan_rows(args, args.gpu), **_offload_rows(args, args.gpu)}
+    rows = _plan_rows(args, args.gpu)
     print(_table(rows, budget))
     ds, p, largest = _deepspeed_rows(args.model)
     print(

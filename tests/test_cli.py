@@ -106,3 +106,13 @@ def test_plan_device_map_places_layers_on_each_card(capsys):
     assert all(share["device_total"] <= share["memory"] for share in placed["devices"])
     assert main(argv) == 0
     assert "verdict: FITS on 2 of 2 GPUs" in capsys.readouterr().out
+
+
+def test_plan_sharding_flags_reach_the_plan(capsys):
+    argv = ["plan", "llama-2-13b", "--gpu", "A100 40GB", "--gpus", "8", "--strategy", "fsdp"]
+    argv += ["--offload-optimizer", "--param-dtype", "bf16", "--seq", "2048", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"]["offload_optimizer"] is True
+    assert data["settings"]["param_dtype"] == "bf16"
+    assert data["estimate"]["optimizer"] == 0

@@ -40,6 +40,21 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--strategy", default=None, help="with --gpus N: ddp, zero1, zero2, fsdp (per-rank plan)"
     )
+    plan.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="with --strategy zero1/zero2/fsdp: optimizer state and step on the CPU",
+    )
+    plan.add_argument(
+        "--offload-params",
+        action="store_true",
+        help="with --strategy fsdp: parameter and gradient shards on the CPU too",
+    )
+    plan.add_argument(
+        "--param-dtype",
+        default=None,
+        help="with --strategy fsdp: FSDP2 MixedPrecisionPolicy(param_dtype=...), bf16 or fp16",
+    )
     mode = plan.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="mode", action="store_const", const="train")
     mode.add_argument("--inference", dest="mode", action="store_const", const="inference")
@@ -93,6 +108,9 @@ def _plan(args: argparse.Namespace) -> int:
         gradient_checkpointing=args.checkpointing,
         attn_implementation=args.attn,
         strategy=args.strategy,
+        offload_optimizer=args.offload_optimizer,
+        offload_params=args.offload_params,
+        param_dtype=args.param_dtype,
     )
     if args.plot:
         from torchfit.memory._plot import plot_plan  # noqa: PLC0415

@@ -154,3 +154,39 @@ def test_sharding_advice_says_when_the_global_batch_must_grow():
     assert match and match["n"] == "64" and match["kept"] == "64" and match["was"] == "8"
     fewer = fits("llama-2-7b", ["RTX 4090"] * 8, strategy="fsdp", batch_size=1, seq_len=1024)
     assert not fewer.fits  # 8 GPUs, the most that keep batch 8, do not hold it
+
+
+def test_fsdp_offload_and_param_dtype_options_change_the_rank_estimate():
+    common = {"strategy": "fsdp", "seq_len": 2048, "gradient_checkpointing": True}
+    cards = ["A100 40GB"] * 8
+    plain = fits("llama-2-13b", cards, **common)
+    offloaded = fits("llama-2-13b", cards, offload_optimizer=True, **common)
+    assert plain.estimate.optimizer > 0
+    assert offloaded.estimate.optimizer == 0
+    assert offloaded.settings.offload_optimizer
+    policy = fits("llama-2-13b", cards, param_dtype="bf16", **common)
+    assert policy.estimate.device_total < plain.estimate.device_total
+    assert any("MixedPrecisionPolicy(param_dtype=bf16)" in n for n in policy.estimate.notes)
+    both = fits(
+        "llama-2-13b",
+        cards,
+        offload_optimizer=True,
+        offload_params=True,
+        param_dtype="bf16",
+        **common,
+    )
+    assert both.estimate.weights < policy.estimate.weights
+    assert both.estimate.device_total < offloaded.estimate.device_total
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"offload_optimizer": True}, r"need a strategy: pass strategy='fsdp'"),
+        ({"strategy": "ddp", "param_dtype": "bf16"}, r"param_dtype='bf16' with strategy='ddp'"),
+        ({"strategy": "fsdp", "param_dtype": "fp32"}, r"'bf16' or 'fp16'"),
+    ],
+)
+def test_sharding_options_without_their_strategy_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        fits("llama-2-7b", ["A100 40GB"] * 2, **kwargs)

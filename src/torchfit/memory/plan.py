@@ -40,6 +40,9 @@ class Settings:
     trainable_params: int | None = None
     strategy: str | None = None
     world_size: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    param_dtype: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `estimate` these settings stand for."""
@@ -158,6 +161,21 @@ def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimat
     return to_device(single, gpu=card)
 
 
+def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
+    """FSDP2's MixedPrecisionPolicy param dtype, checked: 16-bit, and only with FSDP."""
+    if param_dtype is None:
+        return None
+    kind = None if strategy is None else parse_strategy(strategy).value
+    chosen = parse_dtype(param_dtype)
+    if kind != "fsdp" or chosen not in {DType.BF16, DType.FP16}:
+        raise ValueError(
+            f"param_dtype={str(param_dtype)!r} with strategy={strategy!r}: param_dtype is "
+            "FSDP2's MixedPrecisionPolicy(param_dtype=...), 'bf16' or 'fp16', with "
+            "strategy='fsdp'; drop it, or pass strategy='fsdp'"
+        )
+    return str(chosen.value)
+
+
 def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEstimate:
     """The per-rank estimate under a data-parallel strategy (`shard_estimate`)."""
     from torchfit.memory.sharding import shard_estimate  # noqa: PLC0415
@@ -168,14 +186,37 @@ def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryE
     # the start of backward as its own moment: activations alive, no gradients yet
     start = estimate(model, device="cuda", **{**settings.kwargs(), "trainable_params": 1})
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
-    return shard_estimate(
+    sharded = shard_estimate(
         single,
         strategy=settings.strategy,
         backward_start=start,
         world_size=settings.world_size,
         params=settings.trainable_params or spec.num_params,
         largest_layer_params=max(block, spec.embedding_params, spec.head_params),
+        offload_optimizer=settings.offload_optimizer,
+        offload_params=settings.offload_params,
+        **_policy(spec, settings),
     )
+    if settings.param_dtype is None:
+        return sharded
+    policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.param_dtype}): 16-bit gathers"
+    return sharded.replace(notes=(*sharded.notes, policy))
+
+
+def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
+    """shard_estimate's arguments for a 16-bit FSDP2 MixedPrecisionPolicy (none without)."""
+    if settings.param_dtype is None:
+        return {}
+    from torchfit.memory.formulas import model_state_bytes  # noqa: PLC0415
+
+    copies = model_state_bytes(
+        params=spec.num_params,
+        dtype=settings.dtype,
+        mixed_precision=True,
+        autocast_params=spec.linear_params,
+    ).autocast_copies
+    # gathered 16-bit parameters feed autocast 16-bit tensors: its weight copies go away
+    return {"param_bytes": 2, "autocast_copies": copies}
 
 
 def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
@@ -209,6 +250,9 @@ def fits(
     attn_implementation: str = "sdpa",
     trainable_params: int | None = None,
     strategy: str | None = None,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+    param_dtype: str | DType | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -231,6 +275,13 @@ def fits(
         strategy: Training over the cards of a list: ``"ddp"``, ``"zero1"``, ``"zero2"``,
             ``"fsdp"``/``"zero3"`` (`torchfit.memory.sharding`); the estimate is per rank,
             with ``batch_size`` per rank.
+        offload_optimizer: With a ZeRO/FSDP ``strategy``: optimizer state and its step on
+            the CPU (DeepSpeed ZeRO-Offload, FSDP2 ``CPUOffloadPolicy``).
+        offload_params: With ``strategy="fsdp"``/``"zero3"``: parameter and gradient
+            shards on the CPU too.
+        param_dtype: With ``strategy="fsdp"``: FSDP2's
+            ``MixedPrecisionPolicy(param_dtype=...)`` (``"bf16"``/``"fp16"``): gathered
+            parameters are 16-bit, so autocast makes no weight copies.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -240,6 +291,12 @@ def fits(
         True
     """
     card, count = resolve_budget(gpu)
+    if (offload_optimizer or offload_params) and strategy is None:
+        raise ValueError(
+            "offload_optimizer/offload_params move sharded state to the CPU and need a "
+            "strategy: pass strategy='fsdp' (or 'zero2'), with one card or several "
+            "(torchfit plan ... --gpus N --strategy fsdp --offload-optimizer)"
+        )
     step = parse_mode(mode)
     chosen = ("bf16" if card.bf16 else "fp16") if str(dtype) == "auto" else parse_dtype(dtype).value
     opt = parse_optimizer(optimizer) if step is Mode.TRAIN else OptimizerName.NONE
@@ -256,6 +313,9 @@ def fits(
         trainable_params=trainable_params,
         strategy=None if strategy is None else parse_strategy(strategy).value,
         world_size=count,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        param_dtype=_shard_param_dtype(param_dtype, strategy),
     )
     if seq_len is None and input_shape is None:
         settings = _default_seq_len(model, settings)
