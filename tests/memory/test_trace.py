@@ -1,5 +1,6 @@
 """The traced estimator against real allocations of the same step (`measure_step`)."""
 
+import contextlib
 import copy
 import random
 
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from torchfit.memory._trace_onednn import backward_scratch, reducer_bytes
 from torchfit.memory._trace_rules import CpuRules, cpu_block
 from torchfit.memory.measure import measure_peak, measure_step
 from torchfit.memory.trace import trace, trace_events, trace_step
@@ -200,23 +202,80 @@ def test_random_cnns_inference_within_one_percent(seed):
     assert_close(model, inputs, mode="inference", optimizer=None)
 
 
-# oneDNN's convolution backward allocates reorder buffers and a reduction scratchpad whose
-# layout depends on the kernel oneDNN picks for each shape; the rules model the reorders,
-# not the scratchpad, so training CNNs are under-estimated. Measured with this generator
-# (torch 2.13, AVX-512, 2 threads, seeds 0-59 x SGD/AdamW = 120 steps): 44 within 1%,
-# median 4.5%, 90th percentile 28.6%, worst 45.1% (all large errors low, stride-2
-# backward-data the worst); with stride 1 only (80 steps): median 1.5%, worst 10.9%, yet
-# hypothesis found a stride-1 net 23% low. The bound below is the worst case seen,
-# rounded up. 1% holds for the transformers, MLPs and CNN inference above.
-CNN_TRAIN_TOLERANCE = 0.50
+# oneDNN's convolution backward reorders its operands, allocates a scratchpad and copies
+# its results back; _trace_onednn models the kernels this generator reaches (backward-
+# weights jit:avx512_core / jit:avx2 with their reductions, backward-data jit:avx512_core
+# and brgconv_strided). Measured (torch 2.13, AVX-512, 2 threads, seeds 0-59 x SGD/AdamW
+# = 120 steps): 120 exact (+0.00%); before that model 44 within 1%, worst 45.1% low;
+# seeds 60-99: 80 of 80 exact; 1 and 4 threads (seeds 0-19): 40 of 40 each.
+# The model applies where oneDNN uses 16-channel blocks (AVX-512); elsewhere the old rule
+# (reorders only) stands, with the bound measured for it before: 45.1% low, rounded up.
+CNN_TRAIN_TOLERANCE = TOLERANCE if cpu_block() == 16 else 0.50
+# Except a strided convolution's backward-data on a wide input: brgconv_strided's
+# per-thread buffers follow a cache-based blocking that the model takes at its small-
+# input size. Seeds 100-399 with such a layer (SGD, 95 steps): 91 exact, worst 17.2% low
+# (seed 319; others 8.8%, 5.4%, 3.2%). The bound is that worst, rounded up.
+STRIDED_DATA_TOLERANCE = 0.20
 CNN_PROPERTY = settings(PROPERTY, max_examples=6)
+
+
+def has_strided_backward_data(model):
+    """A strided conv that needs grad_input (any but the first layer)."""
+    convs = [m for m in model if isinstance(m, nn.Conv2d)]
+    return any(conv.stride != (1, 1) for conv in convs[1:])
 
 
 @CNN_PROPERTY
 @given(seed=st.integers(0, 10_000), optimizer=st.sampled_from(["sgd", "adamw"]))
-def test_random_cnns_training_within_measured_bound(seed, optimizer):
+def test_random_cnns_training_within_one_percent(seed, optimizer):
     model, inputs = build_cnn(seed)
-    assert_close(model, inputs, mode="train", optimizer=optimizer, tolerance=CNN_TRAIN_TOLERANCE)
+    strided = has_strided_backward_data(model)
+    tolerance = max(STRIDED_DATA_TOLERANCE, CNN_TRAIN_TOLERANCE) if strided else CNN_TRAIN_TOLERANCE
+    assert_close(model, inputs, mode="train", optimizer=optimizer, tolerance=tolerance)
+
+
+@contextlib.contextmanager
+def num_threads(count):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+# Seeds whose peak sits in a convolution backward whose scratchpad grows with the thread
+# count: 2 (strided backward-data), 3 (backward-weights reductions over the minibatch).
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("seed", [2, 3])
+def test_cnn_training_follows_the_thread_count(seed, threads):
+    model, inputs = build_cnn(seed)
+    with num_threads(threads):
+        assert_close(model, inputs, mode="train", optimizer="sgd", tolerance=CNN_TRAIN_TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "out", "stride", "mask", "measured"),
+    [
+        # measured peak above the outputs (torch 2.13, AVX-512, 2 threads)
+        ((4, 1, 16, 16), (16, 1, 3, 3), (4, 16, 8, 8), (2, 2), (False, True, True), 37_696),
+        ((2, 8, 14, 14), (8, 8, 5, 5), (2, 8, 7, 7), (2, 2), (True, True, True), 70_992),
+        ((2, 16, 21, 21), (8, 16, 5, 5), (2, 8, 21, 21), (1, 1), (True, True, False), 159_680),
+        ((5, 8, 12, 12), (8, 8, 5, 5), (5, 8, 12, 12), (1, 1), (True, True, True), 88_288),
+    ],
+)
+def test_onednn_backward_scratch_matches_measured_calls(x, w, out, stride, mask, measured):
+    if cpu_block() != 16:
+        pytest.skip("measured with AVX-512 kernels; this CPU picks others")
+    assert backward_scratch(x, w, out, stride, mask, threads=2) == measured
+
+
+def test_onednn_reducer_splits_over_the_minibatch_only_when_it_pays():
+    # one job, a minibatch of 5: two threads each reduce part, one private buffer
+    # (6,400 B of partial sums + a page of alignment) + one barrier (8 KiB)
+    assert reducer_bytes(2, 1600, 1, 5, 1 << 21) == (6400 + 4096) + 8192
+    # two jobs for two threads: no shared reduction, no scratchpad
+    assert reducer_bytes(2, 576, 2, 6, 1 << 21) == 0
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from torchfit.memory._trace_onednn import backward_scratch
+
 __all__ = ["CpuRules", "cpu_block", "workspace_rules"]
 
 aten = torch.ops.aten
@@ -171,6 +173,20 @@ def _conv_forward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any]
     return 0
 
 
+def _onednn_modelled(
+    x: torch.Tensor, w: torch.Tensor, dilation: Sequence[int], groups: int
+) -> bool:
+    """Whether `backward_scratch` models this convolution (float32, NCHW, 2-D, dense)."""
+    return (
+        x.dim() == 4
+        and x.dtype == torch.float32
+        and groups == 1
+        and all(d == 1 for d in dilation)
+        and not _channels_last(x)
+        and not _channels_last(w)
+    )
+
+
 def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     del kwargs
     (
@@ -197,6 +213,17 @@ def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any
     )
     # The kernel starts with grad_output.contiguous(): FACTS.md's 4.27 MB Conv2d step.
     copy = _copy_if_strided(grad_out)
+    if backend == "Mkldnn" and _onednn_modelled(x, w, dilation, groups) and rules.block == 16:
+        # Plain float32 2-D convolutions: oneDNN's kernels, layouts and scratchpads
+        # (see _trace_onednn).
+        return copy + backward_scratch(
+            tuple(x.shape),
+            tuple(w.shape),
+            tuple(grad_out.shape),
+            tuple(stride),
+            tuple(bool(m) for m in mask),
+            threads=rules.threads,
+        )
     if backend == "Mkldnn":
         grad_in = sizes["in"] if mask[0] else 0
         # backward-data: blocked grad_output, reordered weights, blocked grad_input,
