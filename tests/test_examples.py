@@ -1,22 +1,94 @@
-"""Every example runs as a user would run it (with --smoke for CPU-sized inputs)."""
+"""Every example runs as a user would run it (with --smoke for CPU-sized inputs).
 
+The scripts start together (each in its own process, one thread each) and every test
+waits for its own, so the file takes about as long as the slowest example rather than
+the sum of them.
+"""
+
+import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
+#: What each example must print, beyond a zero exit status (regexes, multiline).
+EXPECTED = {
+    "check_gpt_fits.py": [
+        r"^verdict: (FITS|DOES NOT FIT)",
+        r"^allocated peak\s+\S+ \w?i?B\s+\S+ \w?i?B$",
+        r"^fits\?\s+(fits|no)\s+(fits|no)$",
+        r"^  analytic .*bytes\)$",
+        r"^  traced .*bytes\)$",
+    ],
+    "layer_table.py": [r"^MemoryEstimate"],
+    "quantized_footprint.py": [
+        r"^  nf4 .* bits/parameter$",
+        r"^predicted before loading\s+(?P<a>\S+ \w+)\nreally held \(footprint\)\s+(?P=a)$",
+        r"^forward ok",
+    ],
+    "resnet_batch_size.py": [
+        r"^  NVIDIA GeForce GTX 1060 6GB\s+[1-9]\d*\s+[1-9]\d*$",
+        r"^BatchSizeResult: batch size [1-9]\d* \(predicted [1-9]\d*\)",
+    ],
+    "train_loop.py": [
+        r"^BatchSizeResult: batch size [1-9]\d*",
+        r"^loader: num_workers=\d+, prefetch_factor=\w+, pin_memory=(True|False)",
+        r"^precision: (bf16|fp16|fp32) \(.+\)$",
+        r"^step 4: loss \d+\.\d+$",
+        r"^optimizer steps: 5, skipped: 0$",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Start every example at once; each test collects its own result."""
+    folder = tmp_path_factory.mktemp("examples")
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "0",
+    }
+    started = {}
+    for script in EXAMPLES:
+        out = (folder / f"{script.stem}.out").open("w")
+        err = (folder / f"{script.stem}.err").open("w")
+        process = subprocess.Popen(
+            [sys.executable, str(script), "--smoke"], stdout=out, stderr=err, text=True, env=env
+        )
+        started[script.name] = (process, out, err, time.perf_counter())
+    yield started, folder
+    for process, out, err, _ in started.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        out.close()
+        err.close()
+
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(script):
-    result = subprocess.run(
-        [sys.executable, str(script), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip()
+def test_example_runs(script, runs):
+    started, folder = runs
+    process, out, err, _ = started[script.name]
+    returncode = process.wait(timeout=300)
+    out.flush()
+    err.flush()
+    stdout = (folder / f"{script.stem}.out").read_text()
+    stderr = (folder / f"{script.stem}.err").read_text()
+    assert returncode == 0, stderr[-2000:]
+    assert stdout.strip()
+    for pattern in EXPECTED.get(script.name, []):
+        assert re.search(pattern, stdout, re.MULTILINE), f"{pattern!r} not in:\n{stdout}"
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_is_documented(script):
+    text = script.read_text()
+    assert f"Run: python examples/{script.name} [--smoke]" in text
+    assert '"--smoke"' in text

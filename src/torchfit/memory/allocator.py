@@ -115,8 +115,8 @@ def cuda_context_bytes(gpu: str | GPU | None = None, *, lazy_loading: bool = Tru
     """Bytes a process's CUDA context takes on the device, outside the caching allocator.
 
     The context (driver state, loaded kernels, per-SM stacks) appears in ``nvidia-smi``
-    but never in ``torch.cuda.memory_reserved``, and it cannot be released (pytorch
-    #20532). Resolution order: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable
+    but never in ``torch.cuda.memory_reserved``, and it cannot be released (pytorch issue
+    20532). Resolution order: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable
     (e.g. ``"512MiB"``), then a ``cuda_context_bytes`` field of the GPU record when the
     catalog has a measured one, then `DEFAULT_CUDA_CONTEXT_BYTES` (lazy module loading)
     or `EAGER_CUDA_CONTEXT_BYTES`.
