@@ -116,3 +116,18 @@ def test_plan_sharding_flags_reach_the_plan(capsys):
     assert data["settings"]["offload_optimizer"] is True
     assert data["settings"]["param_dtype"] == "bf16"
     assert data["estimate"]["optimizer"] == 0
+
+
+def test_plan_a_vision_model_from_the_catalog_uses_its_image(capsys):
+    argv = ["plan", "resnet-50", "--gpu", "GTX 1060 6GB", "--batch", "32", "--json"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["settings"]["input_shape"] == [3, 224, 224]
+    assert default["settings"]["seq_len"] is None
+    assert main([*argv, "--input-shape", "3,448,448"]) == 0
+    larger = json.loads(capsys.readouterr().out)
+    assert larger["settings"]["input_shape"] == [3, 448, 448]
+    # four times the pixels: about four times the activations
+    ratio = larger["estimate"]["activations"] / default["estimate"]["activations"]
+    assert 3.5 < ratio < 4.5
+    assert larger["max_batch_size"] < default["max_batch_size"]

@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--seq", type=int, default=None, help="tokens per sample")
     plan.add_argument("--batch", type=int, default=1, help="batch size to check (default 1)")
     plan.add_argument(
+        "--input-shape",
+        type=_shape,
+        default=None,
+        help="one sample of a vision model, e.g. 3,380,380 (default: the config's image)",
+    )
+    plan.add_argument(
         "--optimizer", default="adamw", help="sgd, sgd-momentum, adam, adamw, adamw-8bit"
     )
     plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
@@ -92,6 +98,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    """``"3,224,224"`` as ``(3, 224, 224)``."""
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        msg = f"--input-shape {text!r}: expected positive sizes such as 3,224,224"
+        raise argparse.ArgumentTypeError(msg)
+    return shape
+
+
 def _plan(args: argparse.Namespace) -> int:
     from torchfit.memory.plan import fits, resolve_budget  # noqa: PLC0415
 
@@ -104,6 +122,7 @@ def _plan(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         batch_size=args.batch,
         seq_len=args.seq,
+        input_shape=args.input_shape,
         optimizer=args.optimizer,
         gradient_checkpointing=args.checkpointing,
         attn_implementation=args.attn,

@@ -165,6 +165,19 @@ def _is_vision(config: Any) -> bool:
     return hasattr(config, "num_channels") or hasattr(config, "image_size")
 
 
+def vision_input_shape(config: Any) -> tuple[int, int, int]:
+    """One image as the config describes it: ``(num_channels, image_size, image_size)``.
+
+    Example:
+        >>> from transformers import ResNetConfig
+        >>> vision_input_shape(ResNetConfig())
+        (3, 224, 224)
+    """
+    size = getattr(config, "image_size", 224)
+    size = size[0] if isinstance(size, list | tuple) else size
+    return (int(getattr(config, "num_channels", 3)), int(size), int(size))
+
+
 def _estimate_vision(
     config: Any,
     *,
@@ -180,9 +193,7 @@ def _estimate_vision(
     from torchfit.memory.activations import estimate_module  # noqa: PLC0415
     from torchfit.memory.catalog import build_model  # noqa: PLC0415
 
-    size = getattr(config, "image_size", 224)
-    size = size[0] if isinstance(size, list | tuple) else size
-    shape = input_shape or (getattr(config, "num_channels", 3), size, size)
+    shape = input_shape or vision_input_shape(config)
     model = build_model(config, device="meta", dtype="fp32")
     return estimate_module(
         model,

@@ -107,6 +107,7 @@ class Plan:
         s = self.settings
         what = f"{s.model}, {s.mode}, {s.dtype}, batch {s.batch_size}"
         what += f", seq {s.seq_len}" if s.seq_len else ""
+        what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
         what += f", {s.optimizer}" if s.mode == "train" else ""
         cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
         if s.strategy is not None:
@@ -352,21 +353,38 @@ def fits(
     )
 
 
-def _transformer_spec(model: Any) -> Any:
+def _config(model: Any) -> Any:
+    """The transformers config behind ``model``, or None for a plain ``nn.Module``."""
     from torch import nn  # noqa: PLC0415
 
     from torchfit.memory.analytic import _resolve_config  # noqa: PLC0415
-    from torchfit.memory.arch import describe  # noqa: PLC0415
 
     if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
         return None
-    return describe(_resolve_config(model))
+    return _resolve_config(model)
+
+
+def _transformer_spec(model: Any) -> Any:
+    """The closed-form description of a text transformer; None for vision or plain modules."""
+    from torchfit.memory.analytic import _is_vision  # noqa: PLC0415
+    from torchfit.memory.arch import describe  # noqa: PLC0415
+
+    config = _config(model)
+    if config is None or _is_vision(config):
+        return None
+    return describe(config)
 
 
 def _default_seq_len(model: Any, settings: Settings) -> Settings:
+    """Fill in what one sample is: the model's longest sequence, or its config's image."""
+    from torchfit.memory.analytic import _is_vision, vision_input_shape  # noqa: PLC0415
+
+    config = _config(model)
+    if config is None:
+        raise ValueError("an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)")
+    if _is_vision(config):
+        return dataclasses.replace(settings, input_shape=vision_input_shape(config))
     spec = _transformer_spec(model)
-    if spec is None:
-        raise ValueError("an nn.Module needs input_shape=(...) of one sample")
     return dataclasses.replace(settings, seq_len=spec.max_positions)
 
 
