@@ -601,6 +601,39 @@ def test_cuda_sdpa_saves_no_quadratic_tensor_while_cpu_dropout_does():
     assert cuda.estimate.activations < cpu.estimate.activations
 
 
+class _Dropped(nn.Module):
+    """Linear -> dropout -> Linear; ``manual`` calls CUDA's fused op by hand."""
+
+    def __init__(self, *, manual: bool) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 256), nn.Linear(256, 8)
+        self.drop, self.manual = nn.Dropout(0.3), manual
+
+    def forward(self, x):
+        h = self.first(x)
+        h = torch.native_dropout(h, 0.3, train=True)[0] if self.manual else self.drop(h)
+        return self.second(h)
+
+
+def test_cuda_target_keeps_a_bool_dropout_mask_like_cudas_fused_kernel():
+    inputs = torch.randn(32, 64)
+    torch.manual_seed(0)
+    module = _Dropped(manual=False)
+    manual = copy.deepcopy(module)
+    manual.manual = True
+    cpu = trace_events(module, inputs, optimizer="sgd")
+    cuda = trace_events(module, inputs, optimizer="sgd", device="cuda")
+    fused = trace_events(manual, inputs, optimizer="sgd", device="cuda")
+    # CPU keeps fp32 noise (4 B per element); CUDA's native_dropout a bool mask (1 B)
+    masks = [s.raw for s in cuda.storages if s.phase == "forward" and s.raw == 32 * 256]
+    assert masks  # a one-byte-per-element tensor the size of the dropout input
+    assert not [s for s in cpu.storages if s.phase == "forward" and s.raw == 32 * 256]
+    assert cuda.estimate.total == fused.estimate.total
+    forward = [sum(s.raw for s in r.storages if s.phase == "forward") for r in (cpu, cuda)]
+    assert forward[0] - forward[1] == 3 * 32 * 256  # the noise tensor, 4 B -> 1 B
+    assert any("1 dropout call(s)" in note for note in cuda.estimate.notes)
+
+
 def test_progress_bar_runs(capsys):
     pytest.importorskip("tqdm")
     trace(nn.Linear(8, 8), torch.randn(2, 8), progress=True)

@@ -14,6 +14,12 @@ fakes and these differences are applied on top:
   The seed and offset are 0-dim ``int64`` tensors created on the CPU outside CUDA-graph
   capture (``mha_fwd`` in ``aten/src/ATen/native/transformers/cuda/flash_attn``), so
   they add no GPU bytes. Head sizes above 256 stay on the math path, as on a GPU.
+- **Dropout mask.** On CPU, ATen's dropout multiplies by a noise tensor of the input's
+  dtype and autograd keeps it (2-4 bytes per element); on CUDA the fused
+  ``native_dropout`` keeps a bool mask (1 byte), whenever ``0 < p < 1``
+  (``is_fused_kernel_acceptable`` in ``aten/src/ATen/native/Dropout.cpp``). `FusedSdpa`
+  routes ``F.dropout`` in training to ``torch.native_dropout``, whose CPU kernel keeps
+  the same bool mask.
 - **Optimizer implementation.** PyTorch defaults to the ``foreach`` (multi-tensor)
   implementation for CUDA parameters (``_default_to_fused_or_foreach`` in
   ``torch/optim/optimizer.py``), whose intermediates span all parameters at once, and to
@@ -40,6 +46,7 @@ __all__ = ["CUDA_BLOCK", "FusedSdpa", "cuda_notes", "prefer_foreach"]
 CUDA_BLOCK = 512
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
+_DROPOUT = torch.nn.functional.dropout
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default  # noqa: SLF001
 _MAX_FUSED_HEAD = 256  # flash-attention 2 supports head sizes up to 256
 
@@ -55,10 +62,11 @@ class FusedSdpa(TorchFunctionMode):
     """Runs ``scaled_dot_product_attention`` as the fused kernel a GPU would pick."""
 
     def __init__(self) -> None:
-        """Count the calls routed to the fused op and those left on the math path."""
+        """Count the calls routed to the fused ops and those left on the math path."""
         super().__init__()
         self.fused = 0
         self.math = 0
+        self.dropouts = 0
 
     def __torch_function__(
         self,
@@ -67,8 +75,10 @@ class FusedSdpa(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Route SDPA; pass everything else through."""
+        """Route SDPA and dropout; pass everything else through."""
         kwargs = dict(kwargs or {})
+        if func is _DROPOUT:
+            return self._dropout(func, args, kwargs)
         if func is not _SDPA:
             return func(*args, **kwargs)
         bound = _sdpa_arguments(args, kwargs)
@@ -88,6 +98,19 @@ class FusedSdpa(TorchFunctionMode):
         )
         return output
 
+    def _dropout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``F.dropout`` as CUDA runs it: the fused kernel with a bool mask, where it applies."""
+        names = ("input", "p", "training", "inplace")
+        bound = {**dict(zip(names, args, strict=False)), **kwargs}
+        tensor = bound["input"]
+        p = float(bound.get("p", 0.5))
+        if not bound.get("training", True) or bound.get("inplace") or not 0 < p < 1:
+            return func(*args, **kwargs)
+        if tensor.numel() == 0:
+            return func(*args, **kwargs)
+        self.dropouts += 1
+        return torch.native_dropout(tensor, p, train=True)[0]
+
 
 def prefer_foreach(optimizer: torch.optim.Optimizer) -> bool:
     """Use the ``foreach`` implementation, CUDA's default, where the user left it unset."""
@@ -99,7 +122,9 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> bool:
     return changed
 
 
-def cuda_notes(*, fused_sdpa: int, math_sdpa: int, foreach: bool, autocast: bool) -> list[str]:
+def cuda_notes(
+    *, fused_sdpa: int, math_sdpa: int, dropouts: int = 0, foreach: bool, autocast: bool
+) -> list[str]:
     """The notes a CUDA-target estimate carries."""
     notes = [
         (
@@ -121,6 +146,11 @@ def cuda_notes(*, fused_sdpa: int, math_sdpa: int, foreach: bool, autocast: bool
         notes.append(
             f"device=cuda: {math_sdpa} scaled_dot_product_attention call(s) left on the math "
             f"path (head size > {_MAX_FUSED_HEAD} or not 4-D)"
+        )
+    if dropouts:
+        notes.append(
+            f"device=cuda: {dropouts} dropout call(s) as CUDA's fused native_dropout "
+            "(a bool mask, 1 byte per element, where CPU keeps the input's dtype)"
         )
     if foreach:
         notes.append("device=cuda: optimizer traced with foreach=True (PyTorch's CUDA default)")

@@ -171,7 +171,7 @@ def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
             gc.collect(1)
             dropped = tracker.start(session.baseline())
             if sdpa is not None:
-                sdpa.fused = sdpa.math = 0
+                sdpa.fused = sdpa.math = sdpa.dropouts = 0
             one_step()
             tracker.stop()
     except UntraceableOpError as e:
@@ -222,6 +222,7 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
         notes += cuda_notes(
             fused_sdpa=sdpa.fused if sdpa else 0,
             math_sdpa=sdpa.math if sdpa else 0,
+            dropouts=sdpa.dropouts if sdpa else 0,
             foreach=foreach,
             autocast=autocast,
         )
