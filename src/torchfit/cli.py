@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         "--optimizer", default="adamw", help="sgd, sgd-momentum, adam, adamw, adamw-8bit"
     )
     plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    plan.add_argument(
+        "--trainable-params",
+        type=int,
+        default=None,
+        help="parameters that train (LoRA adapters, a frozen base); default: all",
+    )
     plan.add_argument("--attn", default="sdpa", help="eager, sdpa or flash")
     plan.add_argument(
         "--trace",
@@ -126,6 +132,7 @@ def _plan(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         gradient_checkpointing=args.checkpointing,
         attn_implementation=args.attn,
+        trainable_params=args.trainable_params,
         strategy=args.strategy,
         offload_optimizer=args.offload_optimizer,
         offload_params=args.offload_params,

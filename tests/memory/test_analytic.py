@@ -279,6 +279,17 @@ def test_quantized_weights_and_lora():
         "llama-2-7b", batch_size=1, seq_len=512, dtype="nf4", trainable_params=20_000_000
     )
     assert qlora.optimizer == 8 * 20_000_000  # only the adapters have AdamW moments
+    # the adapters' fp32 master weights sit beside the quantized base
+    assert qlora.weights == nf4.weights + 4 * 20_000_000
+    lora = estimate(
+        "llama-2-7b", batch_size=1, seq_len=512, dtype="bf16", trainable_params=20_000_000
+    )
+    # bitsandbytes' matmuls save the quantized weight and dequantize in their own
+    # backward: autocast keeps 16-bit copies of the adapters only, not of the 6.5B base
+    # weights it copies (and autograd saves) for a bf16-autocast LoRA over fp32 weights
+    assert lora.overhead > 12 * 10**9
+    assert qlora.overhead < 0.01 * lora.overhead
+    assert not any(note.startswith("mixed precision") for note in qlora.notes)
 
 
 @pytest.mark.parametrize(

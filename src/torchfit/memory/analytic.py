@@ -252,7 +252,8 @@ def estimate_transformer(
     if weights_format.is_quantized and training and trainable_params is None:
         raise ValueError(
             f"training with {weights_format.value} weights needs adapters: pass "
-            "trainable_params=<LoRA parameters> (the quantized base stays frozen)"
+            "trainable_params=<LoRA parameters> (torchfit plan: --trainable-params N); the "
+            "quantized base stays frozen"
         )
     states = model_state_bytes(
         params=spec.num_params,
@@ -262,15 +263,24 @@ def estimate_transformer(
         optimizer=opt,
         training=training,
         num_tensors=spec.num_tensors if trainable == spec.num_params else 0,
-        autocast_params=spec.linear_params,
+        # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
+        # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
+        autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
     )
     weights = states.weights
     if weights_format.is_quantized:
         from torchfit.memory._quantized import quantized_weight_bytes  # noqa: PLC0415
 
         weights = quantized_weight_bytes(spec, weights_format, compute)
-        notes.append(f"block weights in {weights_format.value}; embeddings, norms, head in bf16")
-    notes.append(states.note)
+        if training:  # the adapters, at full precision beside the frozen quantized base
+            weights += math.ceil(trainable * (4 if mixed else compute.itemsize))
+        notes.append(
+            f"block weights in {weights_format.value}; embeddings, norms, head in {compute.value}"
+        )
+    if weights_format.is_quantized and training:
+        notes.append(f"adapters ({trainable:,} parameters): {states.note}")
+    elif not weights_format.is_quantized:  # quantized inference: said above
+        notes.append(states.note)
 
     settings = BlockSettings(
         dtype=compute,
