@@ -156,6 +156,19 @@ def test_sharding_advice_says_when_the_global_batch_must_grow():
     assert not fewer.fits  # 8 GPUs, the most that keep batch 8, do not hold it
 
 
+def test_a_plan_that_fits_gets_no_sharding_advice_that_changes_its_batch():
+    # gpt2 at batch 1 fits an RTX 3060; two GPUs at batch 1 each would be global batch 2
+    plan = fits("gpt2", "RTX 3060", batch_size=1, seq_len=1024)
+    assert plan.fits
+    sharded = [a for a in plan.advice if _SHARDED.fullmatch(a.knob)]
+    assert all(_SHARDED.fullmatch(a.knob)["was"] is None for a in sharded)
+    assert not [a for a in plan.advice if "GPUs at batch" in a.knob]
+    # at batch 8 splitting over two GPUs keeps the global batch: that advice stays
+    wide = fits("gpt2", "RTX 3060", batch_size=8, seq_len=1024)
+    kept = [_SHARDED.fullmatch(a.knob) for a in wide.advice if "GPUs at batch" in a.knob]
+    assert kept and all(m and m["was"] is None and m["kept"] == "8" for m in kept)
+
+
 def test_fsdp_offload_and_param_dtype_options_change_the_rank_estimate():
     common = {"strategy": "fsdp", "seq_len": 2048, "gradient_checkpointing": True}
     cards = ["A100 40GB"] * 8

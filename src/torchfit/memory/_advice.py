@@ -190,9 +190,11 @@ def _sharding(
         if found is None:
             continue
         n, micro, steps, total = found
+        kept = n * micro * steps
+        if kept != global_batch and current.device_total <= budget:
+            continue  # it fits already: a bigger global batch is another run, not a saving
         knob = f"{label} on {n} GPUs at batch {micro} per GPU"
         knob += f", {steps} steps accumulated" if steps > 1 else ""
-        kept = n * micro * steps
         knob += (
             f" (global {kept})" if kept == global_batch else f" (global {kept}, was {global_batch})"
         )
