@@ -251,3 +251,31 @@ def test_nav_parser(tmp_path):
         encoding="utf-8",
     )
     assert nav_pages(config) == ["index.md", "guides/a.md", "c.md"]
+
+
+def python_blocks(page: Path) -> list[str]:
+    """The ```python blocks of a page, in order."""
+    return re.findall(
+        r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(python_blocks(DOCS / "getting-started.md"))))
+def test_getting_started_snippets_run_as_written(index, tmp_path):
+    # A new user copies these word for word: each must run, in a fresh interpreter.
+    code = python_blocks(DOCS / "getting-started.md")[index]
+    script = tmp_path / "snippet.py"
+    script.write_text(code, encoding="utf-8")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip()  # every snippet prints what the page shows
