@@ -148,8 +148,9 @@ def build_meta(config: Any, model_class: Any, dtype: torch.dtype) -> nn.Module:
             model: nn.Module = model_class._from_config(config, dtype=dtype)  # noqa: SLF001 - transformers' own path from a config
         else:
             model = model_class.from_config(config, dtype=dtype)
-    if hasattr(model, "tie_weights"):  # init_weights ties them, and it was skipped
-        model.tie_weights()
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):  # init_weights ties them, and it was skipped
+        tie()
     return model
 
 
