@@ -268,6 +268,7 @@ def measure_step(
     mode: str = "train",
     optimizer: str | OptimizerFactory | torch.optim.Optimizer | None = "adamw",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    autocast_dtype: torch.dtype | None = None,
     set_to_none: bool = True,
     device: str | None = None,
 ) -> Measurement[None]:
@@ -287,6 +288,8 @@ def measure_step(
             ``"adamw-8bit"``), a factory ``lambda params: ...``, an optimizer over
             ``model``'s parameters (copied with it), or ``None``.
         loss_fn: Makes the loss from the output when it has no ``.loss``.
+        autocast_dtype: Run forward and loss under ``torch.autocast`` with this dtype
+            (``torch.bfloat16``/``torch.float16``), as `trace` does with the same argument.
         set_to_none: Passed to ``zero_grad``; ``False`` keeps gradients alive between steps.
         device: See `measure_peak`.
 
@@ -318,6 +321,7 @@ def measure_step(
                 mode=step_mode,
                 optimizer=opt,
                 loss_fn=loss_fn,
+                autocast_dtype=autocast_dtype,
                 set_to_none=set_to_none,
             )
 

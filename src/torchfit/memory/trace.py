@@ -109,6 +109,7 @@ def trace_events(
         'alloc'
     """
     check_materialized(model, what="trace")
+    _check_no_quantized_parameters(model)
     step_mode = parse_mode(mode)
     target = _parse_device(device)
     training = step_mode is Mode.TRAIN
@@ -345,3 +346,16 @@ def trace_step(
         fake_mode=fake_mode,
     )
     return run_session(session)
+
+
+def _check_no_quantized_parameters(model: nn.Module) -> None:
+    """Refuse bitsandbytes' parameter subclasses, which cannot become fake tensors."""
+    for name, param in model.named_parameters():
+        kind = type(param)
+        if kind.__module__.startswith("bitsandbytes"):
+            raise TypeError(
+                f"parameter {name!r} is a bitsandbytes {kind.__name__} (a 4/8-bit layer), "
+                "which trace cannot copy to fake tensors. Estimate the quantized model with "
+                "torchfit.memory.estimate(config, dtype='nf4' or 'int8', trainable_params=...), "
+                "or measure a real step with measure_step(model, inputs)"
+            )
