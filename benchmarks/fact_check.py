@@ -93,10 +93,7 @@ CLAIMS = (
         model="resnet-50",
         card="GTX 1060",
         setting={"mode": "train", "dtype": "fp32", "input_shape": (3, 224, 224), "batch_size": 32},
-        command=(
-            'torchfit.fits("resnet-50", "GTX 1060", dtype="fp32", batch_size=32, '
-            "input_shape=(3, 224, 224))"
-        ),
+        command='torchfit plan resnet-50 --gpu "GTX 1060" --train --dtype fp32 --batch 32',
         knobs=(
             ("batch 64", {"batch_size": 64}),
             ("batch 256 (the ImageNet recipe)", {"batch_size": 256}),
@@ -113,8 +110,8 @@ CLAIMS = (
         card="RTX 3060",
         setting={"mode": "train", "dtype": "bf16", "input_shape": (3, 600, 600), "batch_size": 8},
         command=(
-            'torchfit.fits("efficientnet-b7", "RTX 3060", dtype="bf16", batch_size=8, '
-            "input_shape=(3, 600, 600))"
+            'torchfit plan efficientnet-b7 --gpu "RTX 3060" --train --dtype bf16 --batch 8 '
+            "--input-shape 3,600,600"
         ),
         knobs=(
             ("batch 4", {"batch_size": 4}),
