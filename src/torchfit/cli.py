@@ -38,7 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu", required=True, help='card name ("RTX 3060") or size ("12GiB")')
     plan.add_argument("--gpus", type=int, default=1, help="number of such cards (default 1)")
     plan.add_argument(
-        "--strategy", default=None, help="with --gpus N: ddp, zero1, zero2, fsdp (per-rank plan)"
+        "--strategy",
+        default=None,
+        help="with --gpus N: ddp, zero1, zero2, fsdp, hsdp (per-rank plan)",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="GPUs per node (--strategy hsdp shards within a node; offload host memory)",
     )
     plan.add_argument(
         "--offload-optimizer",
@@ -137,6 +145,7 @@ def _plan(args: argparse.Namespace) -> int:
         offload_optimizer=args.offload_optimizer,
         offload_params=args.offload_params,
         param_dtype=args.param_dtype,
+        gpus_per_node=args.gpus_per_node,
     )
     if args.plot:
         from torchfit.memory._plot import plot_plan  # noqa: PLC0415

@@ -203,3 +203,12 @@ def test_fsdp_offload_and_param_dtype_options_change_the_rank_estimate():
 def test_sharding_options_without_their_strategy_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         fits("llama-2-7b", ["A100 40GB"] * 2, **kwargs)
+
+
+def test_hsdp_plan_over_two_nodes_matches_fsdp_over_one():
+    common = {"seq_len": 2048, "gradient_checkpointing": True, "param_dtype": "bf16"}
+    hybrid = fits("llama-2-13b", ["A100 40GB"] * 16, strategy="hsdp", gpus_per_node=8, **common)
+    node = fits("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", **common)
+    assert hybrid.estimate.total == node.estimate.total
+    assert hybrid.settings.gpus_per_node == 8
+    assert any(n.startswith("HSDP") for n in hybrid.estimate.notes)

@@ -86,12 +86,14 @@ def test_shard_estimate_matches_deepspeed_model_states(p, n, layer):
 @given(p=PARAMS, n=WORLD, act=st.integers(min_value=0, max_value=10**12))
 def test_ordering_and_activations(p, n, act):
     e = _mixed_adam(p, activations=act)
-    totals = {s: _shard(e, s, n, p).total for s in Strategy}
+    one_node = {Strategy.HSDP: {"gpus_per_node": n}}  # HSDP on one node is FSDP
+    ranks = {s: _shard(e, s, n, p, **one_node.get(s, {})) for s in Strategy}
+    totals = {s: rank.total for s, rank in ranks.items()}
     assert totals[Strategy.DDP] >= totals[Strategy.NONE]
     assert totals[Strategy.DDP] >= totals[Strategy.ZERO1] >= totals[Strategy.ZERO2]
-    assert totals[Strategy.ZERO2] >= totals[Strategy.ZERO3]
+    assert totals[Strategy.ZERO2] >= totals[Strategy.ZERO3] == totals[Strategy.HSDP]
     # Activations are per rank: no strategy shards them.
-    assert all(_shard(e, s, n, p).activations == act for s in Strategy)
+    assert all(rank.activations == act for rank in ranks.values())
 
 
 @pytest.mark.parametrize("p", [10**6, 7 * 10**9])
@@ -302,3 +304,56 @@ def test_cpu_step_temporaries_shrink_only_with_sharded_tensors():
     assert _shard(e, "fsdp", n, p).workspace == 10**9 // n
     # CUDA's foreach temporaries span the (sharded) list under every ZeRO stage
     assert _shard(e.replace(device="cuda"), "zero1", n, p).workspace == 10**9 // n
+
+
+def _step(peak_at="optimizer step"):
+    return MemoryEstimate(
+        weights=4_000_000,
+        gradients=4_000_000,
+        optimizer=8_000_000,
+        activations=2_000_000,
+        workspace=500_000,
+        peak_at=peak_at,
+        device="cuda",
+    )
+
+
+def test_hsdp_shards_within_a_node_only():
+    common = {"params": 1_000_000, "largest_layer_params": 100_000}
+    hybrid = shard_estimate(_step(), strategy="hsdp", world_size=32, gpus_per_node=8, **common)
+    node = shard_estimate(_step(), strategy="fsdp", world_size=8, **common)
+    everywhere = shard_estimate(_step(), strategy="fsdp", world_size=32, **common)
+    assert (hybrid.weights, hybrid.gradients, hybrid.optimizer) == (
+        node.weights,
+        node.gradients,
+        node.optimizer,
+    )
+    assert everywhere.total < hybrid.total
+    assert any("HSDP: sharded over the 8 GPUs" in n for n in hybrid.notes)
+
+
+def test_offload_reports_host_memory_per_node():
+    common = {"params": 1_000_000, "largest_layer_params": 100_000, "offload_optimizer": True}
+    one_node = shard_estimate(_step(), strategy="fsdp", world_size=8, **common)
+    two_nodes = shard_estimate(_step(), strategy="fsdp", world_size=16, gpus_per_node=8, **common)
+    # each node holds its ranks' shards of the optimizer state: all of it on one node,
+    # half of it on each of two
+    assert "host memory for offloaded state: 7.63 MiB per node" in " ".join(one_node.notes)
+    assert "host memory for offloaded state: 3.81 MiB per node" in " ".join(two_nodes.notes)
+    plain = shard_estimate(
+        _step(), strategy="fsdp", world_size=8, params=1_000_000, largest_layer_params=100_000
+    )
+    assert not any("host memory" in n for n in plain.notes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"strategy": "hsdp", "world_size": 16}, r"pass gpus_per_node="),
+        ({"strategy": "hsdp", "world_size": 12, "gpus_per_node": 8}, r"not a whole number"),
+        ({"strategy": "fsdp", "world_size": 8, "gpus_per_node": 0}, r"positive integer"),
+    ],
+)
+def test_gpus_per_node_is_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        shard_estimate(_step(), params=1_000_000, largest_layer_params=100_000, **kwargs)

@@ -43,6 +43,7 @@ class Settings:
     offload_optimizer: bool = False
     offload_params: bool = False
     param_dtype: str | None = None
+    gpus_per_node: int | None = None
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `estimate` these settings stand for."""
@@ -168,7 +169,7 @@ def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) ->
         return None
     kind = None if strategy is None else parse_strategy(strategy).value
     chosen = parse_dtype(param_dtype)
-    if kind != "fsdp" or chosen not in {DType.BF16, DType.FP16}:
+    if kind not in {"fsdp", "hsdp"} or chosen not in {DType.BF16, DType.FP16}:
         raise ValueError(
             f"param_dtype={str(param_dtype)!r} with strategy={strategy!r}: param_dtype is "
             "FSDP2's MixedPrecisionPolicy(param_dtype=...), 'bf16' or 'fp16', with "
@@ -196,6 +197,7 @@ def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryE
         largest_layer_params=max(block, spec.embedding_params, spec.head_params),
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
+        gpus_per_node=settings.gpus_per_node,
         **_policy(spec, settings),
     )
     if settings.param_dtype is None:
@@ -254,6 +256,7 @@ def fits(
     offload_optimizer: bool = False,
     offload_params: bool = False,
     param_dtype: str | DType | None = None,
+    gpus_per_node: int | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -283,6 +286,8 @@ def fits(
         param_dtype: With ``strategy="fsdp"``: FSDP2's
             ``MixedPrecisionPolicy(param_dtype=...)`` (``"bf16"``/``"fp16"``): gathered
             parameters are 16-bit, so autocast makes no weight copies.
+        gpus_per_node: GPUs per node for ``strategy="hsdp"`` (sharded within a node,
+            replicated across nodes), and for the host memory offloading needs per node.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -317,6 +322,7 @@ def fits(
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         param_dtype=_shard_param_dtype(param_dtype, strategy),
+        gpus_per_node=gpus_per_node,
     )
     if seq_len is None and input_shape is None:
         settings = _default_seq_len(model, settings)

@@ -13,6 +13,7 @@ DDP           W                           G + flat bucket buffer       O
 ZeRO-1        W                           G + flat bucket buffer       O / N
 ZeRO-2        W                           G / N + one bucket           O / N
 ZeRO-3/FSDP   W / N + 2 gathered units    G / N + 2 units in flight    O / N
+HSDP          as FSDP with N = GPUs per node (sharded in a node, replicated across nodes)
 ============  ==========================  ===========================  ==================
 
 FSDP's gathered units and gradients in flight exist in forward and backward only: at the
@@ -37,6 +38,7 @@ import dataclasses
 import enum
 import math
 
+from torchfit._units import format_bytes
 from torchfit.memory.estimate import MemoryEstimate
 
 __all__ = ["Strategy", "deepspeed_zero_bytes", "min_gpus", "parse_strategy", "shard_estimate"]
@@ -57,6 +59,7 @@ class Strategy(enum.StrEnum):
     ZERO1 = "zero1"
     ZERO2 = "zero2"
     ZERO3 = "fsdp"
+    HSDP = "hsdp"
 
 
 _ALIASES: dict[str, Strategy] = {
@@ -69,11 +72,13 @@ _ALIASES: dict[str, Strategy] = {
     "fsdp": Strategy.ZERO3,
     "fsdp2": Strategy.ZERO3,
     "fullyshard": Strategy.ZERO3,
+    "hsdp": Strategy.HSDP,
+    "hybridshard": Strategy.HSDP,
 }
 
 
 #: The names an error message lists (``none`` and spelling variants are accepted too).
-_CHOICES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2", "fully_shard")
+_CHOICES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2", "fully_shard", "hsdp")
 
 
 def parse_strategy(value: str | Strategy) -> Strategy:
@@ -128,6 +133,7 @@ def shard_estimate(
     param_bytes: float = 4,
     grad_bytes: float = 4,
     autocast_copies: int = 0,
+    gpus_per_node: int | None = None,
 ) -> MemoryEstimate:
     """The per-rank memory of one training step under a data-parallel strategy.
 
@@ -144,7 +150,8 @@ def shard_estimate(
         estimate: The single-GPU estimate at the per-rank batch size (e.g. from
             `torchfit.memory.estimate`).
         strategy: ``"single"``, ``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``/``"fsdp"``
-            (also ``"fsdp2"``, ``"fully_shard"``).
+            (also ``"fsdp2"``, ``"fully_shard"``), or ``"hsdp"`` (FSDP2 over a 2-D mesh:
+            sharded within a node, replicated across nodes; needs ``gpus_per_node``).
         backward_start: Optional estimate of the start of backward (its activations,
             KV cache, workspace and overhead are used; model states come from
             ``estimate`` with no gradients yet). For the analytic estimator,
@@ -166,6 +173,9 @@ def shard_estimate(
             ``estimate.overhead`` (`ModelStates.autocast_copies`). ZeRO-3 gathering
             16-bit parameters (``param_bytes < 4``, FSDP2 ``MixedPrecisionPolicy``) feeds
             autocast tensors that are already 16-bit, so these copies are dropped.
+        gpus_per_node: GPUs (ranks) per node; ``None``: all ``world_size`` on one node.
+            HSDP shards over them; with offload, the note gives the host memory each node
+            needs for its ranks' offloaded state.
 
     Returns:
         A `MemoryEstimate` for one rank; ``reserved`` is reset to ``None`` (not modelled
@@ -187,6 +197,10 @@ def shard_estimate(
         in flight (fp32: 400 bytes each).
     """
     kind = parse_strategy(strategy)
+    per_node = _check_per_node(gpus_per_node, world_size, kind)
+    hybrid = kind is Strategy.HSDP
+    if hybrid:  # FSDP within a node; replicas across nodes reduce already-sharded grads
+        kind, world_size = Strategy.ZERO3, per_node
     options = _Options(
         kind=kind,
         world_size=world_size,
@@ -218,7 +232,45 @@ def shard_estimate(
             peak_at="start of backward",  # whatever moment ``backward_start`` was cut at
         )
         moments.append(_shard_one(start, options))
-    return max(moments, key=lambda moment: moment.total)  # ties: the first
+    rank = max(moments, key=lambda moment: moment.total)  # ties: the first
+    notes: list[str] = []
+    if hybrid:
+        notes.append(f"HSDP: sharded over the {per_node} GPUs of a node, replicated per node")
+    host = _host_bytes(estimate, options) * per_node
+    if host:
+        notes.append(
+            f"host memory for offloaded state: {format_bytes(host)} per node "
+            f"({per_node} rank(s) per node)"
+        )
+    return rank.replace(notes=(*rank.notes, *notes)) if notes else rank
+
+
+def _check_per_node(gpus_per_node: int | None, world_size: int, kind: Strategy) -> int:
+    """GPUs per node, checked against the world size; the whole world when not given."""
+    if gpus_per_node is None:
+        if kind is Strategy.HSDP:
+            raise ValueError(
+                "strategy='hsdp' shards within a node and replicates across nodes: pass "
+                "gpus_per_node= (e.g. 8), or use strategy='fsdp' to shard over all GPUs"
+            )
+        return world_size
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a positive integer; got {gpus_per_node!r}")
+    if world_size > gpus_per_node and world_size % gpus_per_node:
+        raise ValueError(
+            f"world_size={world_size} is not a whole number of nodes of {gpus_per_node} "
+            "GPUs; pass a multiple of gpus_per_node"
+        )
+    return min(gpus_per_node, world_size)
+
+
+def _host_bytes(estimate: MemoryEstimate, o: _Options) -> int:
+    """Bytes one rank offloads to host memory (its shard of the offloaded state)."""
+    host = math.ceil(estimate.optimizer / o.world_size) if o.offload_optimizer else 0
+    if o.offload_params:
+        host += math.ceil(estimate.weights / o.world_size)
+        host += math.ceil(max(estimate.gradients, o.params * o.grad_bytes) / o.world_size)
+    return host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,6 +412,7 @@ def _describe(kind: Strategy) -> str:
         Strategy.ZERO1: "ZeRO-1: optimizer state sharded",
         Strategy.ZERO2: "ZeRO-2: optimizer state and gradients sharded",
         Strategy.ZERO3: "ZeRO-3/FSDP: parameters, gradients and optimizer state sharded",
+        Strategy.HSDP: "HSDP: FSDP within a node, replicated across nodes",
     }[kind]
 
 
