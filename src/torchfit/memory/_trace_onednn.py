@@ -27,16 +27,18 @@ profiler's allocation events, 2 threads, AVX-512):
   channels are neither 1-3 nor a multiple of 16: channels padded to 8, and both weight
   and bias gradients reduced by ``cpu_reducer_t``. Measured 5x8x12x12 * 8x8x5x5 with
   bias: 31,008 B = weight reducer 18,688 + bias reducer 12,320. It needs ``kh <= ih``
-  (``[bwd_w:r2]``); otherwise oneDNN falls back to GEMM (``gemm:jit``, not modelled).
+  (``[bwd_w:r2]``); otherwise oneDNN falls back to ``gemm:jit``, whose per-thread
+  weight copies are booked 4x too large (``book<float>`` of a byte count).
 * Backward-data, stride 1: ``jit:avx512_core``, channels padded to 16, no scratchpad.
 * Backward-data, stride > 1: ``brgconv_strided:avx512_core`` on channels-last buffers
   (no channel padding) with weights padded to 16 input channels, and two more copies
-  of the input gradient on the way back to PyTorch. Its scratchpad is per-thread brgemm
-  batches and buffers whose size follows oneDNN's cache-based blocking
-  (``jit_brgemm_conv_bwd_utils.cpp``); measured for inputs up to 26 wide: 24,600 B per
-  thread + 12,288 B, and 16,384 B per thread + 4,096 B more when the width is not a
-  multiple of the stride (the ``has_uneven_iw`` output buffer). Wider inputs with many
-  output channels take more (5x8x26x26 -> 32 channels: 94,256 B, modelled 61,488 B).
+  of the input gradient on the way back to PyTorch. Its scratchpad is per-thread: a
+  brgemm batch, a grad_output buffer of the padded output extent times the output
+  channels rounded up to 4096 elements, a block mask, and an output buffer for a width
+  that is not a multiple of the stride (`ConvBackward.brgconv_strided_scratch`). The
+  cache sizes oneDNN reads (``platform::get_per_core_cache_size``) only pick ``ih_block``,
+  which moves the mask alone, and the mask stays one page below 4096 blocks.
+* Channels-last activations: `backward_scratch_nhwc` (depthwise and strided dense).
 """
 
 from __future__ import annotations
@@ -44,15 +46,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["ConvBackward", "backward_scratch", "reducer_bytes"]
+__all__ = ["ConvBackward", "backward_scratch", "backward_scratch_nhwc", "reducer_bytes"]
 
 _F32 = 4
 _ALIGN = 128  # registry_t default alignment
 _PAGE = 4096  # P4K
 _BARRIER = 2 * _PAGE  # sizeof(ctx_t) == alignof(ctx_t) == 4096, booked at that alignment
 _MIN_OH_REDUCE = 9  # jit_avx512_common_conv_bwd_weights_kernel_f32_t::min_oh_reduce
-_BRG_THREAD, _BRG_BASE = 24_600, 3 * _PAGE
-_BRG_UNEVEN_THREAD = 16_384
+_BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t), brgemm_types.hpp
 
 
 def _up(value: int, block: int) -> int:
@@ -102,13 +103,15 @@ class ConvBackward:
         out: Sequence[int],
         stride: Sequence[int],
         *,
+        padding: Sequence[int],
         threads: int,
     ) -> None:
-        """Record batch, channels, spatial sizes, kernel and stride."""
+        """Record batch, channels, spatial sizes, kernel, stride and padding."""
         self.mb, self.ic, self.ih, self.iw = x
         self.oc, _, self.kh, self.kw = w
         self.oh, self.ow = out[2], out[3]
         self.sh, self.sw = stride
+        self.ph, self.pw = padding
         self.threads = threads
         self.first = self.ic in {1, 2, 3}
 
@@ -185,12 +188,26 @@ class ConvBackward:
                     total += _entry(oc * _F32)
                 total += reducer_bytes(self.threads, 8, oc // 8, self.mb, 1 << 21)
             return total
-        # gemm:jit (gemm_convolution_utils.cpp, outer threading): per-thread weight
-        # copies and im2col columns. Measured once (6x8x4x4 * 8x8x5x5): 77,056 B against
-        # these 38,656 B; a lower bound, for a kernel taller than its input only.
-        wei = self.threads * self.oc * self.ic * self.kh * self.kw * _F32
-        cols = self.threads * self.ic * self.kh * self.kw * self.oh * self.ow * _F32
-        return _entry(wei) + _entry(cols)
+        return self._gemm_weights_scratch()
+
+    def _gemm_weights_scratch(self) -> int:
+        """``gemm:jit`` backward-weights (``gemm_convolution_utils.cpp``, plain layouts).
+
+        With outer threading every thread gets a weight-gradient copy and im2col columns.
+        The copies are booked as ``book<float>(nthr * weights_d.size())``, and ``size()``
+        is already in bytes: 4x the weight bytes per thread. Measured (2 threads,
+        4x8x4x4 * Ox8x5x5): O=8 77,056, O=16 128,256, O=32 230,656 B; 1-4 threads
+        38,656 B per thread.
+        """
+        ks = self.kh * self.kw
+        wei, os_ = self.oc * self.ic * ks * _F32, self.oh * self.ow
+        src, dst = self.mb * self.ic * self.ih * self.iw * _F32, self.mb * self.oc * os_ * _F32
+        limit = min(1 << 30, 15 * self.threads * (src + wei + dst))
+        estimate = _F32 * self.threads * (wei + self.ic * ks * 16)
+        outer = estimate < limit and os_ // self.threads < 256 and self.mb != 1
+        nthr = self.threads if outer else 1
+        cols = 0 if self.kh == self.kw == self.sh == self.sw == 1 else self.ic * ks * os_
+        return _entry(nthr * wei * _F32) + _entry(nthr * cols * _F32)
 
     def weights_buffers(self) -> tuple[int, int, int]:
         """Bytes of the reordered (grad_output, input, grad_weight) of backward-weights."""
@@ -202,7 +219,8 @@ class ConvBackward:
         dst = self.mb * oc * spatial_out * _F32 if kind != "gemm" else 0
         # A first convolution reads its input in place (plain layout).
         src = 0 if self.first or kind == "gemm" else self.mb * ic * spatial_in * _F32
-        wei = oc * ic * self.kh * self.kw * _F32 if kind != "gemm" else 0
+        # gemm:jit writes a plain grad_weight of its own, copied out afterwards.
+        wei = oc * ic * self.kh * self.kw * _F32
         return dst, src, wei
 
     # -- backward-data --------------------------------------------------------------
@@ -210,15 +228,49 @@ class ConvBackward:
         """Whether backward-data runs ``brgconv_strided`` (channels-last) kernels."""
         return self.sh > 1 or self.sw > 1
 
+    def _padded_out(self, size_in: int, size_out: int, k: int, stride: int, pad: int) -> int:
+        """``ohp``/``owp``: the output extent plus the rows the kernel overhangs.
+
+        ``jcp.t_ovf = max(0, kh - 1 - t_pad) / stride_h`` and likewise at the bottom,
+        whose padding oneDNN derives from the sizes (``(oh - 1) * sh + kh - ih - t_pad``).
+        """
+        end_pad = (size_out - 1) * stride + k - size_in - pad
+        return size_out + max(0, k - 1 - pad) // stride + max(0, k - 1 - end_pad) // stride
+
+    def brgconv_strided_scratch(self) -> int:
+        """Scratchpad of ``brgconv_strided`` backward-data (``init_scratchpad``).
+
+        Per thread (``jit_brgemm_conv_bwd_utils.cpp``, oneDNN v3.12): a brgemm batch of
+        ``kh * kw`` 40-byte elements rounded up to a 4 KiB page (``adjusted_batch_size``);
+        an input buffer of ``rnd_up(ohp * owp * oc, 4096)`` float32 elements (the padded
+        grad_output extent times all output channels: ``inp_buffer_size``); a mask of
+        ``rnd_up(nb_ih * nb_iw * nb_oc, 4096)`` bytes (4 KiB while the blocks number fewer
+        than 4096); and, when the width is not a multiple of the stride
+        (``has_uneven_iw``, ``exec_trans``), an output buffer of
+        ``rnd_up(iw_block * stride_w * ic, 4096)`` elements, taken at ``iw_block`` = the
+        width rounded up to the stride. Each entry is page-aligned (+4 KiB). Measured
+        (2 threads, 5x8xHxH * 32x8x3x3, stride 2, pad 1): H=20 61,488 B, H=24 94,256 B,
+        H=25 131,120 B (the older constant rule was right only below 4096 elements).
+        """
+        ohp = self._padded_out(self.ih, self.oh, self.kh, self.sh, self.ph)
+        owp = self._padded_out(self.iw, self.ow, self.kw, self.sw, self.pw)
+        batch = -(-_up(self.kh * self.kw * _BATCH_ELEMENT, _PAGE) // _BATCH_ELEMENT)
+        per_thread = [
+            batch * _BATCH_ELEMENT,
+            _up(ohp * owp * self.oc, _PAGE) * _F32,
+            _PAGE,
+        ]
+        if self.iw % self.sw:
+            per_thread.append(_up(_up(self.iw, self.sw) * self.sw * self.ic, _PAGE) * _F32)
+        return sum(_entry(self.threads * size, _PAGE) for size in per_thread)
+
     def data_peak(self, grad_in: int) -> int:
         """Peak bytes of backward-data, the finished (plain) input gradient included."""
         spatial_in, spatial_out = self.ih * self.iw, self.oh * self.ow
         if self.data_strided():
             dst = self.mb * self.oc * spatial_out * _F32
             wei = self.oc * _up(self.ic, 16) * self.kh * self.kw * _F32
-            scratch = self.threads * _BRG_THREAD + _BRG_BASE
-            if self.iw % self.sw:
-                scratch += self.threads * _BRG_UNEVEN_THREAD + _PAGE
+            scratch = self.brgconv_strided_scratch()
             # channels-last grad_input, then two copies on the way back to ATen.
             return max(dst + wei + grad_in + scratch, 3 * grad_in)
         ic, oc = _up(self.ic, 16), _up(self.oc, 16)
@@ -235,6 +287,7 @@ def backward_scratch(
     stride: Sequence[int],
     mask: Sequence[bool],
     *,
+    padding: Sequence[int],
     threads: int,
 ) -> int:
     """Peak bytes of a float32 2-D ``convolution_backward`` on oneDNN, above its outputs.
@@ -244,6 +297,7 @@ def backward_scratch(
         w: Weight shape (O, C, kh, kw).
         out: Output (grad_output) shape.
         stride: (sh, sw).
+        padding: (ph, pw), symmetric as ATen passes it.
         mask: Which of grad_input, grad_weight, grad_bias are computed.
         threads: oneDNN's thread count (``torch.get_num_threads()``).
 
@@ -252,10 +306,10 @@ def backward_scratch(
 
     Example:
         >>> backward_scratch((4, 1, 16, 16), (16, 1, 3, 3), (4, 16, 8, 8), (2, 2),
-        ...                  (False, True, True), threads=2)
+        ...                  (False, True, True), padding=(1, 1), threads=2)
         37696
     """
-    conv = ConvBackward(x, w, out, stride, threads=threads)
+    conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads)
     grad_in = math.prod(x) * _F32 if mask[0] else 0
     grad_w = math.prod(w) * _F32 if mask[1] else 0
     grad_b = w[0] * _F32 if mask[2] else 0
@@ -270,3 +324,94 @@ def backward_scratch(
         # then the plain grad_weight and grad_bias appear next to their blocked copies
         peak_weights = grad_in + max(running, wei + bias_b + grad_w + grad_b)
     return max(peak_data, peak_weights) - grad_in - grad_w - grad_b
+
+
+def backward_scratch_nhwc(
+    x: Sequence[int],
+    w: Sequence[int],
+    out: Sequence[int],
+    stride: Sequence[int],
+    mask: Sequence[bool],
+    *,
+    groups: int,
+    padding: Sequence[int],
+    threads: int,
+) -> int | None:
+    """Peak bytes of a float32 channels-last 2-D ``convolution_backward``, above its outputs.
+
+    Channels-last (``acdb``) activations need no source or destination reorders; what
+    remains (oneDNN v3.12, AVX-512, verbose log and allocation events, 2 threads):
+
+    * backward-data: the weights reordered for the kernel (depthwise ``jit_dw``:
+      ``Abcde16a``, groups padded to 16; dense ``brgconv_strided`` for a stride > 1 with
+      its scratchpad, see `ConvBackward.brgconv_strided_scratch`);
+    * backward-weights of a depthwise conv with ``kw <= 3`` (``jit_dw``, nxc harness,
+      ``jit_uni_dw_conv_kernel_utils.cpp``): blocked grad_weight (groups padded to 16)
+      and ``nthr - 1`` private weight and bias copies; measured 8x64x8x8 * 64x1x3x3
+      stride 2: 2,304 + 2,816 B;
+    * otherwise ``jit:avx512_core`` (``aBCde16c16b``): grad_weight blocked 16x16 *per
+      group*, so a depthwise 7x7 over 64 channels holds 64*16*16*49*4 = 3,211,264 B, and
+      a padded bias (``groups * 16`` floats) when a group's channels are off the block;
+      measured 8x64x8x8 * 64x1x7x7: 3,224,064 B above the outputs;
+    * then the plain grad_weight next to the blocked one, and a second copy.
+
+    Returns ``None`` where this model does not apply (grouped but not depthwise, dense
+    stride 1), for the caller's older rule.
+
+    Example:
+        >>> backward_scratch_nhwc((8, 64, 8, 8), (64, 1, 7, 7), (8, 64, 8, 8), (1, 1),
+        ...                       (True, True, True), groups=64, padding=(3, 3), threads=2)
+        3224064
+    """
+    ic, oc = x[1], w[0]
+    depthwise = groups > 1 and groups == ic == oc
+    strided = stride[0] > 1 or stride[1] > 1
+    if not (depthwise or (groups == 1 and strided)):
+        return None
+    kh, kw = w[2], w[3]
+    ks = kh * kw
+    grad_w = math.prod(w) * _F32 if mask[1] else 0
+    bias = oc * _F32 if mask[2] else 0
+    data = 0
+    if mask[0]:
+        if depthwise:
+            data = _up(groups, 16) * ks * _F32
+        else:
+            conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads)
+            data = oc * _up(ic, 16) * ks * _F32 + conv.brgconv_strided_scratch()
+    weights = 0
+    if mask[1]:
+        if depthwise and kw <= 3 and _dw_weights_ok(x, w, out, stride, padding):
+            diff_w = _up(groups, 16) * ks * _F32
+            scratch = 0
+            if threads > 1:
+                scratch = _entry((threads - 1) * diff_w)
+                if mask[2]:
+                    scratch += _entry(groups * (threads - 1) * _F32)
+        else:
+            oc_g, ic_g = oc // groups, ic // groups
+            diff_w = groups * _up(oc_g, 16) * _up(ic_g, 16) * ks * _F32
+            scratch = _entry(groups * _up(oc_g, 16) * _F32) if mask[2] and oc_g % 16 else 0
+        # the scratchpad lives before grad_weight and grad_bias are made; then the plain
+        # grad_weight sits next to the blocked one and an unpadded bias copy
+        weights = diff_w + max(scratch - grad_w, bias + grad_w)
+    # the data stage runs before grad_weight and grad_bias exist
+    return max(data - grad_w - bias, weights)
+
+
+def _dw_weights_ok(
+    x: Sequence[int],
+    w: Sequence[int],
+    out: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+) -> bool:
+    """``jit_uni_dw_conv_bwd_weights_kernel_t::init_conf``: padding and size limits."""
+    for size_in, size_out, k, s, p in zip(x[2:], out[2:], w[2:], stride, padding, strict=True):
+        end_pad = (size_out - 1) * s + k - size_in - p
+        max_pad = k // 2
+        if s > k or p > max_pad or end_pad > max_pad or size_in < k + (-p) % s:
+            return False
+        if (p > 1 and p % s) or (end_pad > 1 and end_pad % s):
+            return False
+    return True

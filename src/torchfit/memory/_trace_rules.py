@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from torchfit.memory._trace_onednn import backward_scratch
+from torchfit.memory._trace_onednn import backward_scratch, backward_scratch_nhwc
 
 __all__ = ["CpuRules", "cpu_block", "workspace_rules"]
 
@@ -165,7 +165,13 @@ def _conv_forward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any]
         # then the destination is reordered into the plain output. Measured peaks:
         # 8x32x32x32 k3 -> 2,007,040 = src 1,048,576 + wei 36,864 + dst 921,600;
         # 4x3x32x32 -> 16 ch k3 p1 -> 524,288 = dst 262,144 + out 262,144.
-        peak = max(sizes["src_b"] + sizes["wei_b"] + sizes["dst_b"], sizes["dst_b"] + sizes["out"])
+        # A bias of a channel count off the block is padded in a scratchpad entry (size +
+        # 128 B of alignment), freed with the weights: 8 channels 192 B, 24 channels 256 B.
+        bias = 0
+        if _b is not None and rules.block == 16 and w.shape[0] % 16:
+            bias = rules.pad(w.shape[0]) * x.element_size() + 128
+        stage = bias + sizes["src_b"] + sizes["wei_b"] + sizes["dst_b"]
+        peak = max(stage, sizes["dst_b"] + sizes["out"])
         return peak - sizes["out"]
     if backend in {"Slow2d", "Slow3d", "SlowDilated2d", "SlowDilated3d"}:
         # im2col columns: 1x4x8x8 k3 p1 -> 9,216 B measured = N*Cin*k*k*Ho*Wo*4.
@@ -185,6 +191,21 @@ def _onednn_modelled(
         and not _channels_last(x)
         and not _channels_last(w)
     )
+
+
+def _onednn_nhwc(x: torch.Tensor, dilation: Sequence[int]) -> bool:
+    """A float32 2-D convolution on channels-last activations (oneDNN's nxc kernels)."""
+    return (
+        x.dim() == 4
+        and x.dtype == torch.float32
+        and all(d == 1 for d in dilation)
+        and _channels_last(x)
+    )
+
+
+def _copy_unless_nhwc(tensor: torch.Tensor) -> int:
+    """``.contiguous(memory_format=torch.channels_last)``: a copy unless it already is."""
+    return 0 if tensor.is_contiguous(memory_format=torch.channels_last) else _nbytes(tensor)
 
 
 def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -222,8 +243,24 @@ def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any
             tuple(grad_out.shape),
             tuple(stride),
             tuple(bool(m) for m in mask),
+            padding=tuple(padding),
             threads=rules.threads,
         )
+    if backend == "Mkldnn" and rules.block == 16 and _onednn_nhwc(x, dilation):
+        # Channels-last activations: ATen turns grad_output and the weights channels-last
+        # (copies unless they already are), then oneDNN's nxc kernels (see _trace_onednn).
+        scratch = backward_scratch_nhwc(
+            tuple(x.shape),
+            tuple(w.shape),
+            tuple(grad_out.shape),
+            tuple(stride),
+            tuple(bool(m) for m in mask),
+            groups=groups,
+            padding=tuple(padding),
+            threads=rules.threads,
+        )
+        if scratch is not None:
+            return _copy_unless_nhwc(grad_out) + _copy_unless_nhwc(w) + scratch
     if backend == "Mkldnn":
         grad_in = sizes["in"] if mask[0] else 0
         # backward-data: blocked grad_output, reordered weights, blocked grad_input,
