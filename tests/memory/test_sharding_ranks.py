@@ -75,7 +75,8 @@ def _lifetime_peak(kind, x, y):
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    return measure_peak(run, track=(model, x, y), device="cpu").peak
+    measured = measure_peak(run, track=(model, x, y), device="cpu")
+    return {"peak": measured.peak, "end": measured.end}
 
 
 def _worker(rank, port, out_dir):
@@ -128,24 +129,37 @@ def predicted():
     }
 
 
+# The CPU profiler does not see frees made on gloo's own threads (found with FSDP2, see
+# test_sharding_fsdp_ranks.py), so a rank's measured peak can drift up from run to run;
+# every such missed free is still allocated at the end of the run, where nothing of the
+# step should be. The real peak therefore lies in [peak - end, peak]. Seen in 2 runs of 6:
+# a DDP or a ZeRO-1 rank 4,202,520 B high (the bucket buffer's free missed) with exactly
+# that left at the end; peak - end was then the clean runs' peak to the byte.
+def _interval(measured):
+    return measured["peak"] - measured["end"], measured["peak"]
+
+
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_ddp_adds_exactly_the_predicted_bucket_copy(rank_peaks, predicted, rank):
-    peaks = rank_peaks[rank]
-    extra = peaks["ddp"] - peaks["single"]
+    ddp_low, ddp_high = _interval(rank_peaks[rank]["ddp"])
+    single_low, single_high = _interval(rank_peaks[rank]["single"])
     expected = predicted["ddp"] - predicted["single"]  # 4 bytes x params, ~4.2 MB
-    assert abs(extra - expected) <= GLOO_SLACK, f"rank {rank}: {extra} vs {expected}"
+    low, high = ddp_low - single_high, ddp_high - single_low
+    assert low - GLOO_SLACK <= expected <= high + GLOO_SLACK, f"rank {rank}: {low}..{high}"
 
 
 @pytest.mark.parametrize("rank", range(WORLD))
 @pytest.mark.parametrize("kind", KINDS)
 def test_rank_peak_within_tolerance(rank_peaks, predicted, rank, kind):
-    real = rank_peaks[rank][kind]
-    error = (predicted[kind] - real) / real
+    low, high = _interval(rank_peaks[rank][kind])
+    nearest = min(max(predicted[kind], low), high)
+    error = (predicted[kind] - nearest) / nearest
     assert abs(error) <= TOLERANCE, (
-        f"{kind} rank {rank}: {error:+.1%} ({predicted[kind]} vs {real})"
+        f"{kind} rank {rank}: {error:+.1%} ({predicted[kind]} vs {low}..{high})"
     )
 
 
 def test_zero1_saves_memory_over_ddp(rank_peaks, predicted):
     assert predicted["zero1"] < predicted["ddp"]
-    assert all(peaks["zero1"] < peaks["ddp"] for peaks in rank_peaks)
+    for peaks in rank_peaks:
+        assert _interval(peaks["zero1"])[0] < _interval(peaks["ddp"])[1]
