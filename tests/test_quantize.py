@@ -494,19 +494,24 @@ class _LoRA(nn.Module):
         return self.base(x) + self.b(self.a(x))
 
 
-# Measured (CPU, bf16 autocast, 4-bit base, rank-8 adapters on every block Linear): the
-# analytic estimate is 9.5% high here (11.3% at hidden 256 x 4 layers, seq 128; 13.7% at
-# hidden 512, seq 256): it counts a plain
-# autocast block's saved tensors, which a frozen quantized base saves fewer of. Before
-# bitsandbytes' dequantize-in-backward was modelled, autocast copies of the whole base
-# were counted and the estimate was about 30% high. Bound: the worst measured, rounded up.
-QLORA_TOLERANCE = 0.15
+# Measured (CPU, bf16 autocast, bf16 checkpoint, rank-8 adapters on every block Linear):
+# LoRA +2.1% and QLoRA +5.0% on a 4-layer, 512-wide Llama at 4 x 256 tokens; LoRA -1.8%,
+# QLoRA +3.5% on this fixture. Two rules made that: bitsandbytes saves the quantized weight (no
+# autocast copies of the base; ~30% high before) and a frozen base keeps no tensor only a
+# weight's gradient needs (RMSNorm's normalized input, the head's input; 10-14% high
+# before). The analytic estimator's own tolerance.
+QLORA_TOLERANCE = 0.10
 
 
-def test_qlora_training_step_estimate_against_a_real_step(saved):
+@pytest.mark.parametrize("bits", [None, 4], ids=["lora", "qlora"])
+def test_lora_training_step_estimate_against_a_real_step(saved, bits):
     from torchfit.memory import estimate, measure_step, trace
 
-    model = load_quantized(saved["llama"], bits=4)
+    model = (
+        load_quantized(saved["llama"], bits=4)
+        if bits
+        else AutoModelForCausalLM.from_pretrained(saved["llama"], dtype=torch.bfloat16)
+    )
     for p in model.parameters():
         p.requires_grad_(False)
     for layer in model.model.layers:
@@ -520,9 +525,21 @@ def test_qlora_training_step_estimate_against_a_real_step(saved):
     ids = INPUT.repeat(2, 4)  # batch 4, seq 64
     step = {"optimizer": "adamw", "autocast_dtype": torch.bfloat16}
     real = measure_step(model, {"input_ids": ids, "labels": ids}, **step)
+    dtype = "nf4" if bits else "bf16"
     est = estimate(
-        _llama(), batch_size=4, seq_len=64, dtype="nf4", trainable_params=trainable, device="cpu"
+        _llama(),
+        batch_size=4,
+        seq_len=64,
+        dtype=dtype,
+        # LoRA: the base is a bf16 model, not fp32 master weights (the adapters are fp32,
+        # a rounding error here); QLoRA: the default, fp32 adapters under autocast
+        mixed_precision=None if bits else False,
+        trainable_params=trainable,
+        device="cpu",
     )
-    assert abs(est.total / real.peak - 1) <= QLORA_TOLERANCE, (est.total, real.peak)
-    with pytest.raises(TypeError, match="bitsandbytes Params4bit"):
-        trace(model, {"input_ids": ids, "labels": ids}, **step)
+    assert any("adapters" in n for n in est.notes) or not bits
+    error = est.total / real.peak - 1
+    assert abs(error) <= QLORA_TOLERANCE, (f"{error:+.1%}", est.total, real.peak)
+    if bits:
+        with pytest.raises(TypeError, match="bitsandbytes Params4bit"):
+            trace(model, {"input_ids": ids, "labels": ids}, **step)

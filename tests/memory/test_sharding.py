@@ -237,7 +237,7 @@ def test_llama2_7b_on_a100_40gb():
         batch_size=1, seq_len=4096, dtype="bf16", optimizer="adamw", gradient_checkpointing=True
     )
     step = estimate(config, **common)
-    start = estimate(config, **common, trainable_params=1)  # activations, no gradients
+    start = estimate(config, **common, trainable_params=1, frozen_base=False)  # no gradients
     copies = model_state_bytes(
         params=p, dtype="bf16", mixed_precision=True, autocast_params=spec.linear_params
     ).autocast_copies

@@ -44,12 +44,20 @@ class Term:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSettings:
-    """What changes the saved tensors: dtype, attention kernel, dropout, device."""
+    """What changes the saved tensors: dtype, attention kernel, dropout, device.
+
+    ``frozen_base``: the model's own weights do not train (LoRA adapters do, beside every
+    block Linear): autograd then keeps no tensor that only a weight's gradient needs, i.e.
+    the normalized input an RMSNorm multiplies by its weight and the LM head's input
+    (an adapter on every block Linear still saves those Linears' inputs). Measured on a
+    4-layer Llama, bf16, rank-8 adapters: 9.7% over before, see tests/test_quantize.py.
+    """
 
     dtype: DType
     attention: AttentionImpl
     device: str
     training: bool = True
+    frozen_base: bool = False
 
 
 def _dropout(spec_p: float, s: BlockSettings) -> float:
@@ -106,7 +114,8 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         ]
     if spec.family is Family.LLAMA:
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
-        rms = h * FP32 + FP32 + h * e
+        # (kept for the weight's gradient only)
+        rms = h * FP32 + FP32 + (0 if s.frozen_base else h * e)
         return [
             Term("input RMSNorm", rms),
             Term("q/k/v input", h * e),
@@ -137,18 +146,19 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
     e, h = s.dtype.itemsize, spec.hidden
     drop = _dropout(spec.dropout, s)
     logits = Term("log-softmax of the logits (fp32)", spec.vocab * FP32)
+    head_input = 0 if s.frozen_base else h * e  # saved for the head's weight gradient only
     if spec.family is Family.GPT2:
         return [
             Term("embedding dropout mask", h * drop),
             Term("ln_f input + mean/rstd", h * e + 2 * FP32),
-            Term("lm_head input", h * e),
+            Term("lm_head input", head_input),
             logits,
             Term("labels", INT64),
         ]
     if spec.family is Family.LLAMA:
         return [
-            Term("final RMSNorm", h * FP32 + FP32 + h * e),
-            Term("lm_head input", h * e),
+            Term("final RMSNorm", h * FP32 + FP32 + head_input),
+            Term("lm_head input", head_input),
             logits,
             Term("labels", INT64),
         ]
@@ -156,7 +166,7 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
         Term("token type ids", INT64),
         Term("embedding LayerNorm + dropout", h * e + 2 * FP32 + h * drop + (h * e if drop else 0)),
         Term("MLM transform (dense, act, LayerNorm inputs)", 3 * h * e + 2 * FP32),
-        Term("decoder input", h * e),
+        Term("decoder input", head_input),
         logits,
     ]
 

@@ -70,6 +70,7 @@ def estimate(
     trainable_params: int | None = None,
     use_cache: bool | None = None,
     device: str = "cuda",
+    frozen_base: bool | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -92,6 +93,10 @@ def estimate(
         trainable_params: Parameters that train (frozen layers, LoRA); all by default.
         use_cache: Inference returns a KV cache (transformers' default for decoders).
         device: ``"cuda"`` (default) or ``"cpu"``: kernel choices and dropout masks differ.
+        frozen_base: The model's own weights are frozen and adapters beside every block
+            Linear train (LoRA), so autograd keeps nothing that only a weight's gradient
+            needs (transformers). Default: when ``trainable_params`` is at most a tenth of
+            the parameters.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -158,7 +163,22 @@ def estimate(
         trainable_params=trainable_params,
         use_cache=use_cache,
         device=device,
+        frozen_base=frozen_base,
     )
+
+
+#: Fewer than 1/10 of the parameters training is taken as adapters over a frozen base.
+_ADAPTER_SHARE = 10
+
+
+def adapters_only(trainable: int | None, params: int) -> bool:
+    """Whether ``trainable`` of ``params`` parameters look like adapters (LoRA) on a frozen base.
+
+    Example:
+        >>> adapters_only(4_000_000, 7_000_000_000), adapters_only(None, 10)
+        (True, False)
+    """
+    return trainable is not None and trainable * _ADAPTER_SHARE <= params
 
 
 def _is_vision(config: Any) -> bool:
@@ -231,6 +251,7 @@ def estimate_transformer(
     trainable_params: int | None = None,
     use_cache: bool | None = None,
     device: str = "cuda",
+    frozen_base: bool | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -287,6 +308,8 @@ def estimate_transformer(
         attention=parse_attention(attn_implementation),
         device=device,
         training=training,
+        frozen_base=training
+        and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
     )
     if not training:
         return _inference(

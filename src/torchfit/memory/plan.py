@@ -16,7 +16,7 @@ from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory._advice import Advice, advise
 from torchfit.memory.allocator import to_device
-from torchfit.memory.analytic import estimate
+from torchfit.memory.analytic import adapters_only, estimate
 from torchfit.memory.estimate import MemoryEstimate
 from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.sharding import parse_strategy
@@ -186,7 +186,10 @@ def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryE
     if spec is None or settings.strategy is None:
         raise ValueError("strategy= needs a transformers config or a catalog name")
     # the start of backward as its own moment: activations alive, no gradients yet
-    start = estimate(model, device="cuda", **{**settings.kwargs(), "trainable_params": 1})
+    # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
+    frozen = adapters_only(settings.trainable_params, spec.num_params)
+    kwargs = {**settings.kwargs(), "trainable_params": 1, "frozen_base": frozen}
+    start = estimate(model, device="cuda", **kwargs)
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
     sharded = shard_estimate(
         single,

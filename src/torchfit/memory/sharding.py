@@ -155,7 +155,8 @@ def shard_estimate(
         backward_start: Optional estimate of the start of backward (its activations,
             KV cache, workspace and overhead are used; model states come from
             ``estimate`` with no gradients yet). For the analytic estimator,
-            ``estimate(..., trainable_params=1)`` gives this moment's activations.
+            ``estimate(..., trainable_params=1, frozen_base=False)`` gives this moment's
+            activations (for a full fine-tune; pass the real run's ``frozen_base``).
         world_size: Number of ranks ``N`` (GPUs) sharing the model states.
         params: Parameters that train (they have gradients and optimizer state).
         largest_layer_params: Parameters of the largest FSDP unit / ZeRO-3 module
