@@ -105,14 +105,16 @@ class ConvBackward:
         *,
         padding: Sequence[int],
         threads: int,
+        groups: int = 1,
     ) -> None:
-        """Record batch, channels, spatial sizes, kernel, stride and padding."""
+        """Record batch, channels, spatial sizes, kernel, stride, padding and groups."""
         self.mb, self.ic, self.ih, self.iw = x
         self.oc, _, self.kh, self.kw = w
         self.oh, self.ow = out[2], out[3]
         self.sh, self.sw = stride
         self.ph, self.pw = padding
         self.threads = threads
+        self.groups = groups
         self.first = self.ic in {1, 2, 3}
 
     # -- backward-weights ---------------------------------------------------------
@@ -197,16 +199,17 @@ class ConvBackward:
         The copies are booked as ``book<float>(nthr * weights_d.size())``, and ``size()``
         is already in bytes: 4x the weight bytes per thread. Measured (2 threads,
         4x8x4x4 * Ox8x5x5): O=8 77,056, O=16 128,256, O=32 230,656 B; 1-4 threads
-        38,656 B per thread.
+        38,656 B per thread. Grouped: ``jcp.ic`` is a group's channels, the weights
+        all groups', and outer threading also runs for ``mb == 1`` past two groups.
         """
-        ks = self.kh * self.kw
-        wei, os_ = self.oc * self.ic * ks * _F32, self.oh * self.ow
+        ks, ic_g = self.kh * self.kw, self.ic // self.groups
+        wei, os_ = self.oc * ic_g * ks * _F32, self.oh * self.ow
         src, dst = self.mb * self.ic * self.ih * self.iw * _F32, self.mb * self.oc * os_ * _F32
         limit = min(1 << 30, 15 * self.threads * (src + wei + dst))
-        estimate = _F32 * self.threads * (wei + self.ic * ks * 16)
-        outer = estimate < limit and os_ // self.threads < 256 and self.mb != 1
+        estimate = _F32 * self.threads * (wei + ic_g * ks * 16)
+        outer = estimate < limit and os_ // self.threads < 256 and (self.mb != 1 or self.groups > 2)
         nthr = self.threads if outer else 1
-        cols = 0 if self.kh == self.kw == self.sh == self.sw == 1 else self.ic * ks * os_
+        cols = 0 if self.kh == self.kw == self.sh == self.sw == 1 else ic_g * ks * os_
         return _entry(nthr * wei * _F32) + _entry(nthr * cols * _F32)
 
     def weights_buffers(self) -> tuple[int, int, int]:
@@ -343,8 +346,12 @@ def backward_scratch_nhwc(
     remains (oneDNN v3.12, AVX-512, verbose log and allocation events, 2 threads):
 
     * backward-data: the weights reordered for the kernel (depthwise ``jit_dw``:
-      ``Abcde16a``, groups padded to 16; dense ``brgconv_strided`` for a stride > 1 with
-      its scratchpad, see `ConvBackward.brgconv_strided_scratch`);
+      ``Abcde16a``, groups padded to 16; grouped ``jit:avx512_core``: ``aBCde16b16c``,
+      each group's channels padded to 16, measured 5x8x19x19 * 32x4x3x3, 2 groups:
+      18,432 B; ``brgconv_strided`` for a stride > 1, dense or with groups of more than
+      16 output channels, weights ``aCdeb16c`` plus its scratchpad over all output
+      channels, see `ConvBackward.brgconv_strided_scratch`; 4x16x12x12 * 48x8x3x3
+      stride 2, 2 groups: 75,120 B);
     * backward-weights of a depthwise conv with ``kw <= 3`` (``jit_dw``, nxc harness,
       ``jit_uni_dw_conv_kernel_utils.cpp``): blocked grad_weight (groups padded to 16)
       and ``nthr - 1`` private weight and bias copies; measured 8x64x8x8 * 64x1x3x3
@@ -353,10 +360,13 @@ def backward_scratch_nhwc(
       group*, so a depthwise 7x7 over 64 channels holds 64*16*16*49*4 = 3,211,264 B, and
       a padded bias (``groups * 16`` floats) when a group's channels are off the block;
       measured 8x64x8x8 * 64x1x7x7: 3,224,064 B above the outputs;
+    * a first convolution (1-3 input channels, stride 1, no grad_input): weights
+      ``Acdb16a`` and the reductions of `ConvBackward.weights_scratch`; measured
+      4x3x14x14 * 16x3x3x3 with bias: 1,728 + 22,464 B;
     * then the plain grad_weight next to the blocked one, and a second copy.
 
-    Returns ``None`` where this model does not apply (grouped but not depthwise, dense
-    stride 1), for the caller's older rule.
+    Returns ``None`` where this model does not apply (dense stride 1 with grad_input or
+    more than 3 input channels), for the caller's older rule.
 
     Example:
         >>> backward_scratch_nhwc((8, 64, 8, 8), (64, 1, 7, 7), (8, 64, 8, 8), (1, 1),
@@ -366,7 +376,8 @@ def backward_scratch_nhwc(
     ic, oc = x[1], w[0]
     depthwise = groups > 1 and groups == ic == oc
     strided = stride[0] > 1 or stride[1] > 1
-    if not (depthwise or (groups == 1 and strided)):
+    first = groups == 1 and not strided and ic <= 3 and not mask[0]
+    if not (depthwise or groups > 1 or strided or first):
         return None
     kh, kw = w[2], w[3]
     ks = kh * kw
@@ -376,12 +387,20 @@ def backward_scratch_nhwc(
     if mask[0]:
         if depthwise:
             data = _up(groups, 16) * ks * _F32
+        elif groups > 1 and not (strided and oc // groups > 16):
+            data = groups * _up(oc // groups, 16) * _up(ic // groups, 16) * ks * _F32
         else:
+            # brgconv_strided, also for groups of more than 16 output channels
             conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads)
-            data = oc * _up(ic, 16) * ks * _F32 + conv.brgconv_strided_scratch()
+            data = oc * _up(ic // groups, 16) * ks * _F32 + conv.brgconv_strided_scratch()
     weights = 0
     if mask[1]:
-        if depthwise and kw <= 3 and _dw_weights_ok(x, w, out, stride, padding):
+        if first:
+            # a first convolution's jit:avx512_core weights (Acdb16a) and its reductions
+            conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads)
+            diff_w = _up(oc, 16) * ic * ks * _F32
+            scratch = conv.weights_scratch(bias=mask[2])
+        elif depthwise and kw <= 3 and _dw_weights_ok(x, w, out, stride, padding):
             diff_w = _up(groups, 16) * ks * _F32
             scratch = 0
             if threads > 1:

@@ -27,6 +27,11 @@ from typing import Any
 import torch
 
 from torchfit.memory._trace_onednn import backward_scratch, backward_scratch_nhwc
+from torchfit.memory._trace_onednn_groups import (
+    depthwise_scratch,
+    grouped_forward_scratch,
+    grouped_scratch,
+)
 
 __all__ = ["CpuRules", "cpu_block", "workspace_rules"]
 
@@ -158,6 +163,18 @@ def _conv_forward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any]
         return 0
     backend = _conv_backend(args)
     sizes = _conv_sizes(rules, x, w, out.shape, groups, unit_stride=all(v == 1 for v in stride))
+    grouped = groups > 1 and not (groups == x.shape[1] == w.shape[0])
+    if backend == "Mkldnn" and grouped and rules.block == 16 and _plain_2d(x, _dil):
+        # grouped, not depthwise: 4/8/16-blocked jit:avx512_core or gemm:jit
+        return grouped_forward_scratch(
+            tuple(x.shape),
+            tuple(w.shape),
+            tuple(out.shape),
+            tuple(stride),
+            groups=groups,
+            channels_last=_channels_last(x) or _channels_last(w),
+            threads=rules.threads,
+        )
     if backend == "Mkldnn":
         if _channels_last(x) or _channels_last(w):
             return sizes["wei_b"]
@@ -179,6 +196,11 @@ def _conv_forward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any]
     return 0
 
 
+def _plain_2d(x: torch.Tensor, dilation: Sequence[int]) -> bool:
+    """A float32 2-D convolution without dilation."""
+    return x.dim() == 4 and x.dtype == torch.float32 and all(d == 1 for d in dilation)
+
+
 def _onednn_modelled(
     x: torch.Tensor, w: torch.Tensor, dilation: Sequence[int], groups: int
 ) -> bool:
@@ -187,6 +209,20 @@ def _onednn_modelled(
         x.dim() == 4
         and x.dtype == torch.float32
         and groups == 1
+        and all(d == 1 for d in dilation)
+        and not _channels_last(x)
+        and not _channels_last(w)
+    )
+
+
+def _onednn_depthwise(
+    x: torch.Tensor, w: torch.Tensor, dilation: Sequence[int], groups: int
+) -> bool:
+    """Whether `depthwise_scratch` models this convolution (float32, NCHW, 2-D)."""
+    return (
+        x.dim() == 4
+        and x.dtype == torch.float32
+        and 1 < groups == x.shape[1] == w.shape[0]
         and all(d == 1 for d in dilation)
         and not _channels_last(x)
         and not _channels_last(w)
@@ -206,6 +242,42 @@ def _onednn_nhwc(x: torch.Tensor, dilation: Sequence[int]) -> bool:
 def _copy_unless_nhwc(tensor: torch.Tensor) -> int:
     """``.contiguous(memory_format=torch.channels_last)``: a copy unless it already is."""
     return 0 if tensor.is_contiguous(memory_format=torch.channels_last) else _nbytes(tensor)
+
+
+def _onednn_backward(rules: CpuRules, args: tuple[Any, ...], copy: int) -> int | None:
+    """Scratch of a backward on oneDNN's modelled kernels (AVX-512), or None."""
+    grad_out, x, w, _bias_sizes, stride, padding, dilation = args[:7]
+    groups, mask = args[9], args[10]
+    shapes = (tuple(x.shape), tuple(w.shape), tuple(grad_out.shape), tuple(stride))
+    flags = tuple(bool(m) for m in mask)
+    if _onednn_modelled(x, w, dilation, groups):
+        # Plain float32 2-D convolutions: oneDNN's kernels, layouts and scratchpads
+        # (see _trace_onednn).
+        return copy + backward_scratch(
+            *shapes, flags, padding=tuple(padding), threads=rules.threads
+        )
+    if _onednn_depthwise(x, w, dilation, groups):
+        # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
+        return copy + depthwise_scratch(
+            *shapes, flags, padding=tuple(padding), threads=rules.threads
+        )
+    if _onednn_modelled(x, w, dilation, 1):
+        # NCHW grouped: jit:avx512_core (4/8/16-blocked), gemm:jit or brgconv_strided
+        # backward-data, jit:avx2, jit:avx512_core or gemm:jit backward-weights (see
+        # _trace_onednn_groups); None where a kernel is not modelled.
+        scratch = grouped_scratch(
+            *shapes, flags, groups=groups, padding=tuple(padding), threads=rules.threads
+        )
+        return None if scratch is None else copy + scratch
+    if _onednn_nhwc(x, dilation):
+        # Channels-last activations: ATen turns grad_output and the weights channels-last
+        # (copies unless they already are), then oneDNN's nxc kernels (see _trace_onednn).
+        scratch = backward_scratch_nhwc(
+            *shapes, flags, groups=groups, padding=tuple(padding), threads=rules.threads
+        )
+        if scratch is not None:
+            return _copy_unless_nhwc(grad_out) + _copy_unless_nhwc(w) + scratch
+    return None
 
 
 def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -234,33 +306,10 @@ def _conv_backward(rules: CpuRules, args: tuple[Any, ...], kwargs: dict[str, Any
     )
     # The kernel starts with grad_output.contiguous(): FACTS.md's 4.27 MB Conv2d step.
     copy = _copy_if_strided(grad_out)
-    if backend == "Mkldnn" and _onednn_modelled(x, w, dilation, groups) and rules.block == 16:
-        # Plain float32 2-D convolutions: oneDNN's kernels, layouts and scratchpads
-        # (see _trace_onednn).
-        return copy + backward_scratch(
-            tuple(x.shape),
-            tuple(w.shape),
-            tuple(grad_out.shape),
-            tuple(stride),
-            tuple(bool(m) for m in mask),
-            padding=tuple(padding),
-            threads=rules.threads,
-        )
-    if backend == "Mkldnn" and rules.block == 16 and _onednn_nhwc(x, dilation):
-        # Channels-last activations: ATen turns grad_output and the weights channels-last
-        # (copies unless they already are), then oneDNN's nxc kernels (see _trace_onednn).
-        scratch = backward_scratch_nhwc(
-            tuple(x.shape),
-            tuple(w.shape),
-            tuple(grad_out.shape),
-            tuple(stride),
-            tuple(bool(m) for m in mask),
-            groups=groups,
-            padding=tuple(padding),
-            threads=rules.threads,
-        )
-        if scratch is not None:
-            return _copy_unless_nhwc(grad_out) + _copy_unless_nhwc(w) + scratch
+    if backend == "Mkldnn" and rules.block == 16:
+        modelled = _onednn_backward(rules, args, copy)
+        if modelled is not None:
+            return modelled
     if backend == "Mkldnn":
         grad_in = sizes["in"] if mask[0] else 0
         # backward-data: blocked grad_output, reordered weights, blocked grad_input,
