@@ -26,7 +26,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from torchfit.memory._trace_ops import UntraceableOpError, is_composite, refuse_real_tensors, run_op
+from torchfit.memory._trace_ops import (
+    UntraceableOpError,
+    is_composite,
+    match_cpu_layout,
+    refuse_real_tensors,
+    run_op,
+)
 
 __all__ = ["StorageRecord", "Tracker", "UntraceableOpError"]
 
@@ -246,7 +252,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        out = run_op(func, args, kwargs)
+        out = match_cpu_layout(func, args, run_op(func, args, kwargs))
         phase, module = self.where()
         saved_phase, self.phase = self.phase, phase
         try:
