@@ -225,6 +225,7 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
         else None,
         device="cuda",
         progress=True,
+        gpu=plan.gpu,
     )
 
 

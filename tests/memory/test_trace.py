@@ -838,3 +838,13 @@ def test_batch_norm_backward_gets_the_cpu_kernels_layout():
     with fake_mode:
         fake = grad_input(fake_mode.from_tensor)
     assert fake == real == (200, 1, 40, 8)
+
+
+def test_cuda_target_takes_the_cards_workspace_and_context():
+    model, inputs = build_mlp(3)
+    unknown = trace(model, inputs, optimizer="sgd", device="cuda")
+    card = trace(model, inputs, optimizer="sgd", device="cuda", gpu="RTX 3060")
+    assert any("compute capability (8, 6)" in note for note in card.notes)
+    assert any("unknown GPU" in note for note in unknown.notes)
+    assert card.workspace < unknown.workspace  # 8 MiB of cuBLAS workspace, not 32
+    assert card.total - card.workspace == unknown.total - unknown.workspace

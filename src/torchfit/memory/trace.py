@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -41,6 +41,9 @@ from torchfit.memory._trace_fake import reachable_tensors
 from torchfit.memory._trace_result import Event, Trace, TracedStorage
 from torchfit.memory._trace_run import Session, copy_to_fake, new_fake_mode, run_session
 from torchfit.memory.estimate import MemoryEstimate
+
+if TYPE_CHECKING:
+    from torchfit.memory.gpus import GPU
 
 __all__ = ["Event", "Trace", "TraceDevice", "TracedStorage", "trace", "trace_events", "trace_step"]
 
@@ -172,6 +175,7 @@ def trace(
     set_to_none: bool = True,
     device: str = "cpu",
     progress: bool = False,
+    gpu: str | GPU | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one step by running it on fake tensors.
 
@@ -204,6 +208,8 @@ def trace(
             allocation sequence through the caching-allocator model, the CUDA context and
             the cuBLAS workspace (`torchfit.memory.allocator.to_device`).
         progress: Show a tqdm progress bar (needs tqdm).
+        gpu: With ``device="cuda"``: the card (name or `GPU`), for its CUDA context and
+            cuBLAS workspace; ``None``: the defaults for an unknown card.
 
     Returns:
         A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
@@ -247,7 +253,7 @@ def trace(
     estimate = result.estimate.replace(
         notes=tuple(n for n in result.estimate.notes if "workspaces are not in" not in n)
     )
-    return to_device(estimate, events=result.allocator_events())
+    return to_device(estimate, gpu=gpu, events=result.allocator_events())
 
 
 def _step_baseline(objects: tuple[Any, ...]) -> Callable[[], list[tuple[torch.Tensor, str, str]]]:
