@@ -12,13 +12,9 @@ the logic needs.
 """
 
 import collections
-import datetime as dt
-import json
 import math
 import multiprocessing
 import os
-import socket
-import sys
 from unittest import mock
 
 import pytest
@@ -37,6 +33,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
 from torchfit import _loaders_dist
 from torchfit._loaders_dist import Ranks, check_shuffle_with_sampler, current_ranks, shard
 from torchfit.loaders import tune_loader, tuned_loader
@@ -186,29 +183,12 @@ def _rank(rank, world, port, out_dir):
     for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         os.environ.pop(name, None)
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=dt.timedelta(seconds=60),
-    )
+    init_gloo(rank, world, port)
     try:
         results = _rank_results(world, rank)
     finally:
         dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
-    # torch 2.13's gloo threads sometimes abort the process at interpreter exit; the
-    # results are saved, so leave directly (as tests/memory/test_sharding_ranks.py does).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    save_and_leave(out_dir, rank, results)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
@@ -220,12 +200,12 @@ def ranks(request, tmp_path_factory):
     multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torchfit.loaders"])
     mp.start_processes(
         _rank,
-        args=(world, _free_port(), out_dir),
+        args=(world, free_port(), out_dir),
         nprocs=world,
         join=True,
         start_method="forkserver",
     )
-    return world, [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    return world, read_ranks(out_dir, world)
 
 
 @pytest.mark.parametrize(("shuffle", "drop_last"), CASES)

@@ -7,9 +7,7 @@ import gc
 import inspect
 import itertools
 import math
-import os
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from gloo_ranks import leave
 from torchfit.memory import _simulate
 from torchfit.memory._probe import Snapshot
 from torchfit.memory._search import Options, Search, split_effective
@@ -885,19 +884,7 @@ def _distributed_worker(rank, world_size, store_path, capacities, results_path):
         )
     finally:
         dist.destroy_process_group()
-    _exit_worker()
-
-
-def _exit_worker():
-    """Leave a spawned worker without interpreter teardown, once its results are saved.
-
-    torch 2.13's gloo threads sometimes abort the process at exit ("terminate called
-    without an active exception": 1 run in 12 here, a barrier before teardown did not
-    help); the results are on disk by then, so the worker exits directly with status 0.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()
 
 
 def test_ranks_agree_on_the_smallest_batch(tmp_path):

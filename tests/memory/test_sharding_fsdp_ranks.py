@@ -34,12 +34,7 @@ CPU implementation of DeepSpeed's ZeRO-2 itself (parameters always replicated):
 marked for a GPU check.
 """
 
-import datetime as dt
 import gc
-import json
-import os
-import socket
-import sys
 
 import pytest
 import torch
@@ -47,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
 from torchfit.memory import activation_bytes, estimate, measure_peak
 from torchfit.memory.sharding import shard_estimate
 
@@ -106,30 +102,13 @@ def _batch(rank):
 
 
 def _worker(rank, world, port, out_dir):
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=dt.timedelta(seconds=60),
-    )
+    init_gloo(rank, world, port)
     try:
         x, y = _batch(rank)
         peaks = {str(reshard): _lifetime(reshard, x, y) for reshard in RESHARD}
     finally:
         dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(peaks))
-    # torch 2.13's gloo threads sometimes abort the process at interpreter exit ("terminate
-    # called without an active exception"); the results are saved, so leave directly.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    save_and_leave(out_dir, rank, peaks)
 
 
 @pytest.fixture(scope="module")
@@ -140,12 +119,12 @@ def gloo_peaks(tmp_path_factory):
         out_dir = tmp_path_factory.mktemp(f"fsdp{world}")
         mp.start_processes(
             _worker,
-            args=(world, _free_port(), out_dir),
+            args=(world, free_port(), out_dir),
             nprocs=world,
             join=True,
             start_method="spawn",
         )
-        found[world] = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+        found[world] = read_ranks(out_dir, world)
     return found
 
 

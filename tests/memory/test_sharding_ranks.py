@@ -14,11 +14,6 @@ without DDP (cause not identified; ZeroRedundancyOptimizer's parameter broadcast
 suspect). Hence the 10% tolerance, the analytic estimator's own.
 """
 
-import datetime as dt
-import json
-import os
-import socket
-import sys
 import warnings
 
 import pytest
@@ -28,6 +23,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
 from torchfit.memory import estimate, measure_peak
 from torchfit.memory.sharding import shard_estimate
 
@@ -80,40 +76,23 @@ def _lifetime_peak(kind, x, y):
 
 
 def _worker(rank, port, out_dir):
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=dt.timedelta(seconds=60),
-    )
+    init_gloo(rank, WORLD, port)
     try:
         torch.manual_seed(rank)
         x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
         peaks = {kind: _lifetime_peak(kind, x, y) for kind in KINDS}
     finally:
         dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(peaks))
-    # torch 2.13's gloo threads sometimes abort the process at interpreter exit ("terminate
-    # called without an active exception"); the results are saved, so leave directly.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    save_and_leave(out_dir, rank, peaks)
 
 
 @pytest.fixture(scope="module")
 def rank_peaks(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ranks")
     mp.start_processes(
-        _worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True, start_method="spawn"
+        _worker, args=(free_port(), out_dir), nprocs=WORLD, join=True, start_method="spawn"
     )
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return read_ranks(out_dir, WORLD)
 
 
 @pytest.fixture(scope="module")
