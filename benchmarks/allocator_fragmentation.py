@@ -15,7 +15,7 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory.allocator import DEFAULT_FRAGMENTATION, approximate_reserved, replay
 
 STEPS = 3

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._step import Mode, run_step
-from torchfit._units import format_bytes
+from torchfit._core.step import Mode, run_step
+from torchfit._core.units import format_bytes
 from torchfit.memory._probe import Snapshot
 from torchfit.memory.batch import find_batch_size, is_oom, max_batch_size, simulate_gpu
 from torchfit.memory.estimate import AffineEstimate, MemoryEstimate

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from torchfit import quantize
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory import GPU, estimate, model_entry, to_device
 from torchfit.memory.estimate import MemoryEstimate
 from torchfit.memory.plan import resolve_budget

@@ -207,7 +207,7 @@ def small_cnn() -> nn.Module:
 
 
 def small_gpt() -> nn.Module:
-    from torchfit._imports import require  # noqa: PLC0415 - optional dependency
+    from torchfit._core.imports import require  # noqa: PLC0415 - optional dependency
 
     transformers = require("transformers", feature="the GPT benchmark")
     config = transformers.GPT2Config(

@@ -59,7 +59,7 @@ def test_missing_extra_names_the_pip_command():
                 return None
 
         sys.meta_path.insert(0, Block())
-        from torchfit._imports import require
+        from torchfit._core.imports import require
         try:
             require("transformers", feature="estimating from a transformers config")
         except ImportError as e:

@@ -5,7 +5,7 @@ and matplotlib load when a function that needs them is called.
 """
 
 from torchfit import loaders, memory, precision, quantize
-from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.loaders import diagnose, tune_loader, tuned_loader
 from torchfit.memory import (
     GPU,

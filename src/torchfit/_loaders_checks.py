@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from torchfit._loaders_probe import WorkerSeeder, close_iterator, leaves
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = [
     "PY_OBJECTS_WARN_BYTES",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = [
     "MachineBudget",

@@ -11,7 +11,7 @@ import enum
 from typing import Any
 
 from torchfit._loaders_machine import MachineBudget
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = [
     "Bound",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchfit._units import DType, parse_dtype
+from torchfit._core.units import DType, parse_dtype
 
 __all__ = ["Precision", "PrecisionChoice", "choose_precision", "parse_precision", "resolve_device"]
 

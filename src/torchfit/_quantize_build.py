@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._imports import require
+from torchfit._core.imports import require
 from torchfit._quantize_layout import BLOCKSIZE
 from torchfit._quantize_plan import Plan, QuantSettings
 

@@ -16,8 +16,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from torchfit._imports import require
-from torchfit._units import DType, parse_dtype
+from torchfit._core.imports import require
+from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
     "build_meta",

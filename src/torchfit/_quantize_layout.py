@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = [
     "BLOCKSIZE",

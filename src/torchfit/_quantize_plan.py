@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from torchfit._imports import require
+from torchfit._core.imports import require
 
 __all__ = [
     "Plan",

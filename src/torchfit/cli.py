@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchfit import __version__
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = ["main"]
 

@@ -37,7 +37,7 @@ from torchfit._precision_choice import (
 )
 from torchfit._precision_nonfinite import NonFinite, NonFiniteCause, NonFiniteProbe, find_nonfinite
 from torchfit._precision_step import NonFiniteCheck, StepOutcome
-from torchfit._units import DType
+from torchfit._core.units import DType
 
 __all__ = [
     "MixedPrecision",

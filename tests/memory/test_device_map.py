@@ -20,7 +20,7 @@ from accelerate.utils import infer_auto_device_map
 from transformers import GPT2Config, LlamaConfig
 
 from torchfit import _quantize_hf as hf
-from torchfit._units import parse_dtype
+from torchfit._core.units import parse_dtype
 from torchfit.memory import estimate, kv_cache_bytes_for
 from torchfit.memory.allocator import cuda_context_bytes
 from torchfit.memory.device_map import (

@@ -241,7 +241,7 @@ def test_eight_bit_adam_is_about_two_bytes_per_parameter():
 
 
 def torch_dtype_fp32():
-    from torchfit._units import DType
+    from torchfit._core.units import DType
 
     return DType.FP32
 
@@ -266,7 +266,7 @@ def test_optimizer_state_matches_torch(optimizer, factory):
         if isinstance(t, torch.Tensor)
     )
     params = sum(p.numel() for p in model.parameters())
-    from torchfit._units import DType
+    from torchfit._core.units import DType
 
     predicted = optimizer_state_bytes(
         optimizer, trainable=params, param_dtype=DType.FP32, num_tensors=4

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory.estimate import MemoryEstimate
 
 if TYPE_CHECKING:

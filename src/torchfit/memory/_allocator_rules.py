@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = [
     "K_LARGE_BUFFER",

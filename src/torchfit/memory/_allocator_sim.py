@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory._allocator_rules import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,

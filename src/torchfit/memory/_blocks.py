@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchfit._units import DType
+from torchfit._core.units import DType
 from torchfit.memory.arch import Family, TransformerSpec
 from torchfit.memory.formulas import (
     FP32,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
-from torchfit._imports import require
+from torchfit._core.imports import require
 
 if TYPE_CHECKING:
     from types import ModuleType

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
-from torchfit._units import format_bytes, parse_bytes
+from torchfit._core.units import format_bytes, parse_bytes
 
 __all__ = ["BF16_CAPABILITY", "FP8_CAPABILITY", "GPU"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchfit._imports import require
+from torchfit._core.imports import require
 
 if TYPE_CHECKING:
     from torchfit.memory.plan import Plan

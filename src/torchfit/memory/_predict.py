@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchfit._units import format_bytes, parse_bytes
+from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory._simulate import SimulatedGPU, active_simulator, budget_of
 from torchfit.memory.estimate import AffineEstimate, MemoryEstimate
 from torchfit.memory.gpus import GPU

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchfit._units import parse_bytes
+from torchfit._core.units import parse_bytes
 from torchfit.memory._simulate import active_simulator, paused
 
 __all__ = ["Meter", "Snapshot", "agree_min", "cuda_ready"]

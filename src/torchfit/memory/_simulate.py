@@ -34,8 +34,8 @@ from typing import Any, Self
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchfit._tensors import reachable_tensors
-from torchfit._units import format_bytes, parse_bytes
+from torchfit._core.tensors import reachable_tensors
+from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.gpus import GPU, gpu
 
 __all__ = ["SimulatedGPU", "active_simulator", "budget_of", "paused", "simulate_gpu"]

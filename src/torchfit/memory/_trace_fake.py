@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
-from torchfit._tensors import reachable_tensors
+from torchfit._core.tensors import reachable_tensors
 
 __all__ = ["fake_copy", "reachable_tensors"]
 

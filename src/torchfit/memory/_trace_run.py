@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory._trace_cuda import CUDA_BLOCK, FusedSdpa, cuda_notes, prefer_foreach
 from torchfit.memory._trace_fake import fake_copy, reachable_tensors
 from torchfit.memory._trace_result import Trace, build_trace
@@ -108,7 +108,7 @@ def _progress(session: Session) -> Iterator[None]:
     if not session.progress:
         yield
         return
-    from torchfit._imports import require  # noqa: PLC0415 - optional dependency
+    from torchfit._core.imports import require  # noqa: PLC0415 - optional dependency
 
     tqdm = require("tqdm", feature="trace(..., progress=True)")
     bar = tqdm.tqdm(desc="tracing", unit=" ops")

@@ -25,9 +25,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._tensors import check_materialized
-from torchfit._units import DType, format_bytes, parse_dtype
+from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.tensors import check_materialized
+from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.estimate import LayerMemory, MemoryEstimate
 from torchfit.memory.formulas import FP32, model_state_bytes, sdpa_is_flash
 

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from torchfit._units import format_bytes, parse_bytes
+from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory._allocator_rules import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._units import DType, parse_dtype
+from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.units import DType, parse_dtype
 from torchfit.memory._blocks import (
     BlockSettings,
     block_terms,

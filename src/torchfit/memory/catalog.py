@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from torchfit._units import DType, parse_dtype
+from torchfit._core.units import DType, parse_dtype
 from torchfit.memory._catalog_entries import (
     ModelEntry,
     ModelTask,

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchfit._units import DType, format_bytes
+from torchfit._core.units import DType, format_bytes
 from torchfit.memory._device_map_planner import Planner
 from torchfit.memory._device_map_result import DeviceMap, DeviceShare
 from torchfit.memory.gpus import GPU

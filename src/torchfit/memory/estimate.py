@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 
 __all__ = ["CATEGORIES", "AffineEstimate", "LayerMemory", "MemoryEstimate"]
 

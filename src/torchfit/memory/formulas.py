@@ -13,8 +13,8 @@ import dataclasses
 import enum
 import math
 
-from torchfit._step import OptimizerName, parse_optimizer
-from torchfit._units import DType, parse_dtype
+from torchfit._core.step import OptimizerName, parse_optimizer
+from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
     "AttentionImpl",

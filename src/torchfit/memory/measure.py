@@ -23,15 +23,15 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
-from torchfit._step import (
+from torchfit._core.step import (
     Mode,
     OptimizerFactory,
     make_optimizer,
     parse_mode,
     run_step,
 )
-from torchfit._tensors import reachable_tensors
-from torchfit._units import format_bytes
+from torchfit._core.tensors import reachable_tensors
+from torchfit._core.units import format_bytes
 
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchfit._step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory._advice import Advice, advise
 from torchfit.memory.allocator import to_device
 from torchfit.memory.analytic import adapters_only, estimate

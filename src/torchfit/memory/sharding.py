@@ -38,7 +38,7 @@ import dataclasses
 import enum
 import math
 
-from torchfit._units import format_bytes
+from torchfit._core.units import format_bytes
 from torchfit.memory.estimate import MemoryEstimate
 
 __all__ = ["Strategy", "deepspeed_zero_bytes", "min_gpus", "parse_strategy", "shard_estimate"]

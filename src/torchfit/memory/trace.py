@@ -1,7 +1,7 @@
 """The traced estimator: run the real step on fake tensors and count live storages.
 
 The analytic estimator explains; this one is exact for the code that really runs: the
-user's own forward, loss, backward and optimizer step (`torchfit._step.run_step`, the
+user's own forward, loss, backward and optimizer step (`torchfit._core.step.run_step`, the
 step `measure_step` measures) execute on fake copies of the model, optimizer and inputs
 (``torch._subclasses.fake_tensor.FakeTensorMode``), so nothing is allocated and no GPU
 is needed. A dispatch-level tracker registers every storage an op creates and learns of
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from torchfit._step import (
+from torchfit._core.step import (
     Mode,
     OptimizerFactory,
     make_optimizer,
     parse_mode,
     run_step,
 )
-from torchfit._tensors import check_materialized
+from torchfit._core.tensors import check_materialized
 from torchfit.memory._trace_fake import reachable_tensors
 from torchfit.memory._trace_result import Event, Trace, TracedStorage
 from torchfit.memory._trace_run import Session, copy_to_fake, new_fake_mode, run_session

@@ -122,7 +122,7 @@ def make_optimizer(
     if name is OptimizerName.NONE:
         return None
     if name is OptimizerName.ADAMW_8BIT:
-        from torchfit._imports import require  # noqa: PLC0415 - optional dependency
+        from torchfit._core.imports import require  # noqa: PLC0415 - optional dependency
 
         bnb = require("bitsandbytes", feature="optimizer='adamw-8bit'")
         built_8bit: torch.optim.Optimizer = bnb.optim.AdamW8bit(trainable, lr=1e-3)

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchfit._units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 
 
 @pytest.mark.parametrize(
