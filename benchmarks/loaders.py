@@ -35,8 +35,8 @@ import torch
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset
 
-from torchfit._loaders_machine import machine_budget
 from torchfit.loaders import tune_loader
+from torchfit.loaders.machine import machine_budget
 
 GRID_WORKERS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 GRID_PREFETCH = (2, 4)

@@ -40,9 +40,9 @@ import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from torchfit import _quantize_hf
+from torchfit._core.units import format_bytes
 from torchfit._quantize_build import bnb_config
 from torchfit._quantize_plan import QuantSettings, make_plan
-from torchfit._core.units import format_bytes
 from torchfit.quantize import footprint, load_quantized, quantized_footprint, weights_footprint
 
 warnings.filterwarnings("ignore")

@@ -29,6 +29,7 @@ import torch
 
 from torchfit import _precision_checks as _checks
 from torchfit import _precision_step as _step
+from torchfit._core.units import DType
 from torchfit._precision_choice import (
     Precision,
     PrecisionChoice,
@@ -37,7 +38,6 @@ from torchfit._precision_choice import (
 )
 from torchfit._precision_nonfinite import NonFinite, NonFiniteCause, NonFiniteProbe, find_nonfinite
 from torchfit._precision_step import NonFiniteCheck, StepOutcome
-from torchfit._core.units import DType
 
 __all__ = [
     "MixedPrecision",

@@ -36,6 +36,7 @@ from torch import nn
 
 from torchfit import _quantize_hf as hf
 from torchfit._core.imports import require
+from torchfit._core.units import DType, parse_dtype
 from torchfit._quantize_build import (
     bnb_config,
     device_of,
@@ -46,7 +47,6 @@ from torchfit._quantize_build import (
 from torchfit._quantize_bytes import measure, predict, predict_unquantized
 from torchfit._quantize_layout import Footprint, FootprintRow
 from torchfit._quantize_plan import QuantSettings, QuantType, is_hf, make_plan, skip_list
-from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
     "Footprint",

@@ -17,8 +17,8 @@ from typing import Any
 from torch import nn
 
 from torchfit._core.imports import require
-from torchfit._quantize_plan import QuantSettings
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._quantize_plan import QuantSettings
 from torchfit.memory._device_map_result import DeviceMap, DeviceShare
 from torchfit.memory._device_map_sizes import (
     Runtime,

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from torchfit._loaders_probe import WorkerSeeder, close_iterator, leaves
 from torchfit._core.units import format_bytes
+from torchfit.loaders.probe import WorkerSeeder, close_iterator, leaves
 
 __all__ = [
     "PY_OBJECTS_WARN_BYTES",

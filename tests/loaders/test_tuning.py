@@ -23,18 +23,8 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-import torchfit._loaders_machine as machine_mod
+import torchfit.loaders.machine as machine_mod
 from torchfit import loaders
-from torchfit._loaders_checks import fingerprint, python_objects
-from torchfit._loaders_machine import (
-    MachineBudget,
-    cgroup_cpu_limit,
-    local_world_size,
-    machine_budget,
-)
-from torchfit._loaders_probe import IndexStream, WorkerSeeder, runqueue_seconds
-from torchfit._loaders_report import Setup
-from torchfit._loaders_search import _Search
 from torchfit.loaders import (
     Bound,
     Diagnosis,
@@ -46,6 +36,16 @@ from torchfit.loaders import (
     tune_loader,
     tuned_loader,
 )
+from torchfit.loaders.checks import fingerprint, python_objects
+from torchfit.loaders.machine import (
+    MachineBudget,
+    cgroup_cpu_limit,
+    local_world_size,
+    machine_budget,
+)
+from torchfit.loaders.probe import IndexStream, WorkerSeeder, runqueue_seconds
+from torchfit.loaders.report import Setup
+from torchfit.loaders.search import _Search
 
 # --- datasets (module level: picklable under fork and spawn) -------------------------
 

@@ -15,15 +15,15 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchfit._loaders_checks import duplicated_across_workers, python_object_warnings, shm_message
-from torchfit._loaders_probe import (
+from torchfit.loaders.checks import duplicated_across_workers, python_object_warnings, shm_message
+from torchfit.loaders.probe import (
     IndexStream,
     StreamSampler,
     WorkerSeeder,
     quiet_worker_count,
     run_trial,
 )
-from torchfit._loaders_report import LoaderConfig, LoaderTrial, Outcome, Setup, plural
+from torchfit.loaders.report import LoaderConfig, LoaderTrial, Outcome, Setup, plural
 
 __all__ = ["search"]
 

@@ -14,7 +14,7 @@ twin reads the same indices this rank will, and nothing carries over.
 The worker count is tuned per rank, with no collective: each rank's samples and their
 order are fixed by its sampler whatever the worker count (workers return batches in
 sampler order), the CPUs are already divided among the local ranks
-(`torchfit._loaders_machine.local_world_size`), and a collective would hang a program
+(`torchfit.loaders.machine.local_world_size`), and a collective would hang a program
 that builds a loader on one rank only (evaluation on rank 0) and would need a device of
 the process group's backend (NCCL: CUDA tensors).
 """

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from torchfit._loaders_probe import WorkerSeeder, batch_len, close_iterator, cuda_initialized
+from torchfit.loaders.probe import WorkerSeeder, batch_len, close_iterator, cuda_initialized
 
 __all__ = [
     "check_dataset",
@@ -36,6 +36,7 @@ LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
 
 
 def check_int(name: str, value: object, *, low: int, fix: str) -> None:
+    """Refuse ``value`` unless it is an int >= ``low``; the message ends with ``fix``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         wrong_type = isinstance(value, bool) or not isinstance(value, int)
         raise (TypeError if wrong_type else ValueError)(
@@ -44,6 +45,7 @@ def check_int(name: str, value: object, *, low: int, fix: str) -> None:
 
 
 def check_dataset(dataset: object) -> None:
+    """Refuse anything that is neither a map-style nor an iterable dataset."""
     mapstyle = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
     if not isinstance(dataset, Dataset | IterableDataset) and not mapstyle:
         raise TypeError(
@@ -54,6 +56,7 @@ def check_dataset(dataset: object) -> None:
 
 
 def check_options(*, batch_size: object, shuffle: object, time_budget: object) -> None:
+    """Check the arguments every loader call takes: batch size, shuffle, time budget."""
     if batch_size is not None:
         check_int("batch_size", batch_size, low=1, fix="Use None only with a batch_sampler.")
     if not isinstance(shuffle, bool):
@@ -68,6 +71,7 @@ def check_options(*, batch_size: object, shuffle: object, time_budget: object) -
 
 
 def check_loader_kwargs(kwargs: dict[str, Any], *, batch_size: object) -> None:
+    """Refuse unknown DataLoader arguments and badly typed tunable ones."""
     unknown = sorted(set(kwargs) - LOADER_PARAMS)
     if unknown:
         raise TypeError(
@@ -90,6 +94,7 @@ def check_loader_kwargs(kwargs: dict[str, Any], *, batch_size: object) -> None:
 
 
 def target_device(device: torch.device | str | None) -> torch.device:
+    """The device the batches go to: ``device``, or CUDA when available, else CPU."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

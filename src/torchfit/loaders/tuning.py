@@ -1,16 +1,4 @@
-"""DataLoaders tuned by measurement, and a diagnosis of input-bound training.
-
-`tuned_loader` returns a plain ``torch.utils.data.DataLoader`` whose ``num_workers``,
-``prefetch_factor``, ``pin_memory`` and ``persistent_workers`` were chosen by timing
-the real dataset and collate function for a few seconds. `tune_loader` returns the same
-loader with a `LoaderReport` of what was tried and why the winner won. The probe
-respects the machine (CPU affinity, cgroup quota, ranks per node, ``/dev/shm``), and
-leaves nothing behind: no worker process, and the RNGs, sampler generators and dataset
-as it found them.
-
-`diagnose` runs a few real training steps and says how much of each step waits for
-data.
-"""
+"""`tune_loader`, `tuned_loader`, `check_shm` and `diagnose`: `torchfit.loaders`' public side."""
 
 from __future__ import annotations
 
@@ -23,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from torchfit._loaders_args import (
+from torchfit.loaders.args import (
     check_dataset,
     check_int,
     check_loader_kwargs,
@@ -32,41 +20,27 @@ from torchfit._loaders_args import (
     target_device,
     time_steps,
 )
-from torchfit._loaders_checks import shm_message
-from torchfit._loaders_dist import shard
-from torchfit._loaders_machine import MachineBudget, machine_budget
-from torchfit._loaders_probe import (
+from torchfit.loaders.checks import shm_message
+from torchfit.loaders.dist import shard
+from torchfit.loaders.machine import MachineBudget, machine_budget
+from torchfit.loaders.probe import (
     WorkerSeeder,
     find_generators,
     preserved_state,
     quiet_worker_count,
 )
-from torchfit._loaders_report import (
+from torchfit.loaders.report import (
     TUNED_KNOBS,
     Bound,
     Diagnosis,
-    LoaderConfig,
     LoaderReport,
-    LoaderTrial,
     Setup,
 )
-from torchfit._loaders_search import search
+from torchfit.loaders.search import search
 
-__all__ = [
-    "Bound",
-    "Diagnosis",
-    "LoaderConfig",
-    "LoaderReport",
-    "LoaderTrial",
-    "LoaderWarning",
-    "MachineBudget",
-    "check_shm",
-    "diagnose",
-    "tune_loader",
-    "tuned_loader",
-]
+__all__ = ["LoaderWarning", "check_shm", "diagnose", "tune_loader", "tuned_loader"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("torchfit.loaders")
 
 #: Wait shares that split the `diagnose` verdicts.
 _INPUT_BOUND, _PARTLY_INPUT_BOUND = 0.25, 0.05

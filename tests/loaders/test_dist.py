@@ -34,9 +34,9 @@ from torch.utils.data import (
 )
 
 from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
-from torchfit import _loaders_dist
-from torchfit._loaders_dist import Ranks, check_shuffle_with_sampler, current_ranks, shard
+from torchfit.loaders import dist as _loaders_dist
 from torchfit.loaders import tune_loader, tuned_loader
+from torchfit.loaders.dist import Ranks, check_shuffle_with_sampler, current_ranks, shard
 
 N = 23  # divisible by neither world size
 BATCH = 4

@@ -118,6 +118,7 @@ def preserved_state(generators: Iterable[torch.Generator]) -> Iterator[None]:
 
 
 def leaves(obj: object) -> Iterator[object]:
+    """Every non-container object inside nested mappings, lists and tuples."""
     if isinstance(obj, Mapping):
         for value in obj.values():
             yield from leaves(value)

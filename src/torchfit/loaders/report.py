@@ -10,8 +10,8 @@ import dataclasses
 import enum
 from typing import Any
 
-from torchfit._loaders_machine import MachineBudget
 from torchfit._core.units import format_bytes
+from torchfit.loaders.machine import MachineBudget
 
 __all__ = [
     "Bound",
@@ -53,6 +53,7 @@ class LoaderConfig:
     persistent_workers: bool = False
 
     def __post_init__(self) -> None:
+        """Refuse knob values a DataLoader would refuse, with the value in the message."""
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
             raise TypeError(f"num_workers must be an int >= 0; got {self.num_workers!r}")
         if self.num_workers < 0:
