@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchfit import _precision_checks as _checks
+from torchfit.precision import checks as _checks
 
 __all__ = ["NonFiniteCheck", "StepOutcome", "as_list", "boundary", "parse_check"]
 

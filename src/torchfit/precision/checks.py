@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._precision_choice import Precision
+from torchfit.precision.choice import Precision
 
 __all__ = [
     "all_finite",

@@ -1,23 +1,4 @@
-"""Mixed precision: the dtype choice, autocast, and the scaled optimizer step, done right.
-
-`torch.amp` does the work; `MixedPrecision` only puts its calls in the one correct order
-and keeps the bookkeeping the anchors each get partly wrong (FACTS.md, "Mixed
-precision"): scale -> backward -> unscale once per optimizer -> clip -> step -> one
-update; gradient accumulation that steps only at window boundaries; a skipped (inf/nan)
-step that does not advance the scheduler and is counted; a state dict that resumes
-exactly; and checks that catch a halved or quantized model before the first backward.
-
-How a skipped step is detected. With a GradScaler (fp16), `step` calls
-``GradScaler.unscale_`` for every optimizer itself, then reads the inf/nan flags that
-unscaling recorded (``GradScaler._found_inf_per_device``, private but the same flags
-``GradScaler.step`` reads; if a future torch drops it, the gradients are checked
-directly). One ``.item()`` decides for all optimizers, before any of them steps. The
-public signals are weaker: comparing the scale before and after ``update()`` costs a
-second sync after the step has been queued, and watching whether ``optimizer.step`` was
-called (accelerate 1.15's ``AcceleratedOptimizer``) misses fused optimizers, whose step
-is always called and skips inside the kernel (run here: fused AdamW, GradScaler("cpu"),
-an inf loss: ``step_was_skipped`` False and the scheduler advanced).
-"""
+"""`MixedPrecision`: autocast, the gradient scaler and the optimizer step in one object."""
 
 from __future__ import annotations
 
@@ -27,31 +8,17 @@ from typing import Any
 
 import torch
 
-from torchfit import _precision_checks as _checks
-from torchfit import _precision_step as _step
 from torchfit._core.units import DType
-from torchfit._precision_choice import (
+from torchfit.precision import checks as _checks
+from torchfit.precision import step as _step
+from torchfit.precision.choice import (
     Precision,
     PrecisionChoice,
     choose_precision,
-    parse_precision,
 )
-from torchfit._precision_nonfinite import NonFinite, NonFiniteCause, NonFiniteProbe, find_nonfinite
-from torchfit._precision_step import NonFiniteCheck, StepOutcome
+from torchfit.precision.step import NonFiniteCheck, StepOutcome
 
-__all__ = [
-    "MixedPrecision",
-    "NonFinite",
-    "NonFiniteCause",
-    "NonFiniteCheck",
-    "NonFiniteProbe",
-    "Precision",
-    "PrecisionChoice",
-    "StepOutcome",
-    "choose_precision",
-    "find_nonfinite",
-    "parse_precision",
-]
+__all__ = ["MixedPrecision"]
 
 _STATE_FORMAT = 1
 
