@@ -39,11 +39,11 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-from torchfit import _quantize_hf
+from torchfit._bnb.selection import QuantSettings, make_plan
 from torchfit._core.units import format_bytes
-from torchfit._quantize_build import bnb_config
-from torchfit._quantize_plan import QuantSettings, make_plan
 from torchfit.quantize import footprint, load_quantized, quantized_footprint, weights_footprint
+from torchfit.quantize import hf as _quantize_hf
+from torchfit.quantize.build import bnb_config
 
 warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()

@@ -19,7 +19,6 @@ pytest.importorskip("accelerate", reason="device maps need the [hf] extra")
 from accelerate.utils import infer_auto_device_map
 from transformers import GPT2Config, LlamaConfig
 
-from torchfit import _quantize_hf as hf
 from torchfit._core.units import parse_dtype
 from torchfit.memory import estimate, kv_cache_bytes_for
 from torchfit.memory.allocator import cuda_context_bytes
@@ -28,7 +27,7 @@ from torchfit.memory.device_map import (
     evaluate_device_map,
     plan_device_map,
 )
-from torchfit.quantize import quantized_footprint, weights_footprint
+from torchfit.quantize import hf, quantized_footprint, weights_footprint
 
 MiB = 2**20
 

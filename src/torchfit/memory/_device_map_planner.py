@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import nn
 
+from torchfit._bnb.selection import QuantSettings
 from torchfit._core.imports import require
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
-from torchfit._quantize_plan import QuantSettings
 from torchfit.memory._device_map_result import DeviceMap, DeviceShare
 from torchfit.memory._device_map_sizes import (
     Runtime,
@@ -60,8 +60,8 @@ class Planner:
         reserve: int | str,
         context_bytes: int | str | None,
     ) -> None:
-        from torchfit import _quantize_hf as hf  # noqa: PLC0415 - needs transformers
         from torchfit.memory.arch import describe  # noqa: PLC0415
+        from torchfit.quantize import hf  # noqa: PLC0415 - needs transformers
 
         require("transformers", feature=FEATURE)
         self.cards = _cards(gpus)

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._bnb.layout import held_bytes, linear4bit_tensors, linear8bit_bytes
+from torchfit._bnb.selection import QuantSettings, make_plan, out_in
 from torchfit._core.units import DType
-from torchfit._quantize_layout import held_bytes, linear4bit_tensors, linear8bit_bytes
-from torchfit._quantize_plan import QuantSettings, make_plan, out_in
 from torchfit.memory._blocks import BlockSettings, inference_transient
 from torchfit.memory.allocator import approximate_reserved
 from torchfit.memory.analytic import estimate

@@ -8,8 +8,8 @@ the compute dtype (transformers keeps ``lm_head`` and tied embeddings unquantize
 
 from __future__ import annotations
 
+from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
-from torchfit._quantize_layout import linear4bit_bytes, linear8bit_bytes
 from torchfit.memory.arch import Family, TransformerSpec
 
 __all__ = ["block_linear_shapes", "quantized_weight_bytes"]

@@ -26,14 +26,13 @@ from transformers import (  # noqa: E402 - after the importorskip guards
     LlamaForCausalLM,
 )
 
-from torchfit import _quantize_hf  # noqa: E402
-from torchfit._quantize_layout import (  # noqa: E402
+from torchfit._bnb.layout import (  # noqa: E402
     CUDA_BLOCK,
     linear4bit_bytes,
     linear4bit_tensors,
     linear8bit_bytes,
 )
-from torchfit._quantize_plan import QuantSettings, make_plan  # noqa: E402
+from torchfit._bnb.selection import QuantSettings, make_plan  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
     Footprint,
     footprint,
@@ -42,6 +41,7 @@ from torchfit.quantize import (  # noqa: E402
     quantized_footprint,
     weights_footprint,
 )
+from torchfit.quantize import hf as _quantize_hf  # noqa: E402
 
 TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 

@@ -14,16 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._quantize_layout import (
-    BLOCKSIZE,
-    Footprint,
-    FootprintRow,
-    held_bytes,
-    linear4bit_tensors,
-    linear8bit_bytes,
-    summarize,
-)
-from torchfit._quantize_plan import Plan, QuantSettings, out_in
+from torchfit._bnb.layout import BLOCKSIZE, held_bytes, linear4bit_tensors, linear8bit_bytes
+from torchfit._bnb.selection import Plan, QuantSettings, out_in
+from torchfit.quantize.result import Footprint, FootprintRow, summarize
 
 __all__ = ["measure", "predict", "predict_unquantized"]
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._bnb.layout import BLOCKSIZE
+from torchfit._bnb.selection import Plan, QuantSettings
 from torchfit._core.imports import require
-from torchfit._quantize_layout import BLOCKSIZE
-from torchfit._quantize_plan import Plan, QuantSettings
 
 __all__ = ["bnb_config", "device_of", "float_dtype", "keep_cpu_layout", "quantize_copy"]
 

@@ -1,0 +1,134 @@
+"""Bytes of bitsandbytes-quantized layers, from the layout rules.
+
+Everything here is pure arithmetic on shapes and dtypes: no bitsandbytes, no transformers.
+The rules are read from bitsandbytes 0.50 (``functional.py``, ``_ops.py``, ``nn/modules.py``)
+and checked to the byte against loaded models in the quantize tests. Both
+`torchfit.memory` (device maps, quantized plans) and `torchfit.quantize` use them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BLOCKSIZE",
+    "CUDA_BLOCK",
+    "NESTED_BLOCKSIZE",
+    "held_bytes",
+    "linear4bit_bytes",
+    "linear4bit_tensors",
+    "linear8bit_bytes",
+]
+
+#: Weights per 4-bit block: bitsandbytes ``quantize_4bit`` uses 64 when no blocksize is
+#: given, and transformers' ``Linear4bit`` never passes one (functional.py, nn/modules.py).
+BLOCKSIZE = 64
+#: Double quantization quantizes the fp32 absmax values again in blocks of 256
+#: (``quantize_4bit(compress_statistics=True)`` calls ``quantize_blockwise(..., blocksize=256)``).
+NESTED_BLOCKSIZE = 256
+#: The CUDA caching allocator hands out blocks of at least 512 bytes, rounded up to a
+#: multiple of 512 (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp): a 4-byte offset
+#: holds 512 bytes of GPU memory.
+CUDA_BLOCK = 512
+_FP32 = 4
+_BF16 = 2
+#: The 4-bit code book (``get_4bit_type``): 16 fp32 values, a fresh tensor for every layer.
+_CODE_4BIT = 16 * _FP32
+#: The nested code book: the 256-value dynamic map, copied for every layer
+#: (``quantize_blockwise`` stores ``code.to(device, copy=True)``).
+_CODE_NESTED = 256 * _FP32
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def held_bytes(nbytes: int, device: str) -> int:
+    """Bytes a tensor of ``nbytes`` really holds on ``device`` (``"cuda"`` rounds to 512).
+
+    Example:
+        >>> held_bytes(4, "cuda"), held_bytes(4, "cpu"), held_bytes(0, "cuda")
+        (512, 4, 0)
+    """
+    if device == "cuda":
+        return _ceil_div(nbytes, CUDA_BLOCK) * CUDA_BLOCK
+    return nbytes
+
+
+def linear4bit_tensors(
+    numel: int,
+    *,
+    double_quant: bool,
+    blocksize: int = BLOCKSIZE,
+    cpu_packed: bool = False,
+) -> tuple[int, tuple[int, ...]]:
+    """Bytes of one 4-bit weight (NF4 or FP4) and of each tensor of its ``quant_state``.
+
+    The packed weight holds two 4-bit codes per byte, the last byte padded when ``numel``
+    is odd: ``(numel + 1) // 2`` bytes (bitsandbytes ``_ops.py``, fake ``quantize_4bit``).
+    The flattened weight is cut into ``ceil(numel / blocksize)`` blocks, the last one
+    padded, each with an fp32 absmax. Double quantization stores instead one uint8 per
+    block, an fp32 offset (their mean), an fp32 absmax per 256 blocks and the 256-entry
+    nested code book. Every layer also keeps its own 16-entry fp32 code book.
+
+    ``cpu_packed`` is the layout after the first inference forward on a CPU with
+    AVX512-BF16, where bitsandbytes repacks the layer for its fused kernel
+    (``functional._convert_weight_packed_for_cpu``): the absmax is dequantized to one
+    bf16 per block and the nested statistics are dropped; the offset stays referenced.
+
+    Returns:
+        ``(packed weight bytes, bytes of each quant_state tensor)``.
+
+    Example:
+        >>> linear4bit_tensors(65, double_quant=False)  # 33 bytes; 2 blocks, the last padded
+        (33, (8, 64))
+        >>> linear4bit_tensors(64 * 256, double_quant=True)
+        (8192, (256, 4, 4, 1024, 64))
+    """
+    if numel < 0 or blocksize <= 0:
+        raise ValueError(f"numel must be >= 0 and blocksize > 0; got {numel}, {blocksize}")
+    weight = (numel + 1) // 2
+    blocks = _ceil_div(numel, blocksize)
+    if cpu_packed:
+        offset = (_FP32,) if double_quant else ()
+        return weight, (blocks * _BF16, _CODE_4BIT, *offset)
+    if not double_quant:
+        return weight, (blocks * _FP32, _CODE_4BIT)
+    nested = _ceil_div(blocks, NESTED_BLOCKSIZE)
+    return weight, (blocks, _FP32, nested * _FP32, _CODE_NESTED, _CODE_4BIT)
+
+
+def linear4bit_bytes(
+    numel: int,
+    *,
+    double_quant: bool,
+    blocksize: int = BLOCKSIZE,
+    cpu_packed: bool = False,
+) -> tuple[int, int]:
+    """Bytes of one 4-bit weight: ``(packed weight, scales)``; see `linear4bit_tensors`.
+
+    Example:
+        >>> linear4bit_bytes(4096 * 4096, double_quant=False)  # 4.5 bits per weight
+        (8388608, 1048640)
+        >>> weight, scales = linear4bit_bytes(4096 * 4096, double_quant=True)
+        >>> round((weight + scales) * 8 / (4096 * 4096), 3)
+        4.127
+    """
+    weight, scales = linear4bit_tensors(
+        numel, double_quant=double_quant, blocksize=blocksize, cpu_packed=cpu_packed
+    )
+    return weight, sum(scales)
+
+
+def linear8bit_bytes(out_features: int, in_features: int) -> tuple[int, int]:
+    """Bytes of one LLM.int8 weight: ``(int8 weight, scales)``.
+
+    One int8 per weight and one fp32 absmax per output row (``SCB``), from
+    ``int8_vectorwise_quant`` (bitsandbytes ``_ops.py``: ``row_stats`` has
+    ``numel // shape[-1]`` fp32 entries).
+
+    Example:
+        >>> linear8bit_bytes(4096, 4096)
+        (16777216, 16384)
+    """
+    if out_features < 0 or in_features < 0:
+        raise ValueError(f"a layer shape must be >= 0; got {out_features} x {in_features}")
+    return out_features * in_features, out_features * _FP32
