@@ -45,10 +45,10 @@ from torch import nn
 
 from torchfit._core.step import Mode, run_step
 from torchfit._core.units import format_bytes
-from torchfit.memory._probe import Snapshot
 from torchfit.memory.batch import find_batch_size, is_oom, max_batch_size, simulate_gpu
-from torchfit.memory.estimate import AffineEstimate, MemoryEstimate
+from torchfit.memory.batch.probe import Snapshot
 from torchfit.memory.measure import measure_step
+from torchfit.memory.result import AffineEstimate, MemoryEstimate
 
 MiB = 2**20
 STEPS_PER_TRIAL = 3  # Lightning's BatchSizeFinder default (steps_per_trial=3)
@@ -294,7 +294,7 @@ def simulated_line(task: Task, model: nn.Module, card: int) -> tuple[AffineEstim
 
 
 def traced(task: Task, model: nn.Module) -> Callable[[int], MemoryEstimate]:
-    from torchfit.memory.trace import trace  # noqa: PLC0415 - may not exist yet
+    from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415 - may not exist yet
 
     def predict(batch_size: int) -> MemoryEstimate:
         return trace(model, task.batch(batch_size), optimizer="adamw", device="cpu")

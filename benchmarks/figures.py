@@ -6,7 +6,7 @@
   memory as a line.
 * ``docs/img/memory_vs_batch.png``: device memory against batch size for the README's
   plan (``torchfit plan gpt2 --gpu "RTX 3060" --seq 1024 --batch 8 --plot ...`` draws the
-  same picture through ``torchfit.memory._plot.plot_plan``).
+  same picture through ``torchfit.memory.plan.plot.plot_plan``).
 
 Every figure comes from analytic estimates: deterministic for a given torchfit and
 matplotlib. Run: python benchmarks/figures.py [--out docs/img]
@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt
 
 import torchfit
 from torchfit.memory import estimate, to_device
-from torchfit.memory._plot import plot_plan
-from torchfit.memory.estimate import MemoryEstimate
+from torchfit.memory.plan.plot import plot_plan
+from torchfit.memory.result import MemoryEstimate
 
 GiB = 2**30
 MODEL, CARD, BATCH, SEQ = "gpt2", "RTX 3060", 8, 1024

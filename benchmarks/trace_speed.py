@@ -22,7 +22,7 @@ from torch import nn
 
 from torchfit import format_bytes
 from torchfit.memory import measure_step
-from torchfit.memory.trace import trace, trace_events
+from torchfit.memory.tracing.tracer import trace, trace_events
 
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")

@@ -148,7 +148,7 @@ def _plan(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
     )
     if args.plot:
-        from torchfit.memory._plot import plot_plan  # noqa: PLC0415
+        from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415
 
         plot_plan(args.model, plan, args.plot)
     traced = _traced(args, plan) if args.trace else None
@@ -198,7 +198,7 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
     import torch  # noqa: PLC0415
 
     from torchfit.memory.catalog import build_model, model_config  # noqa: PLC0415
-    from torchfit.memory.trace import trace  # noqa: PLC0415
+    from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
     settings = plan.settings
     if settings.dtype not in {"fp32", "bf16", "fp16"}:

@@ -1,10 +1,13 @@
 """Memory estimation: predict, measure, and decide.
 
 Estimators return a `MemoryEstimate`; `measure_peak` is the real-allocation truth they
-are tested against.
+are tested against. The stages live in subpackages, each importing only the ones below
+it: `gpus` and `catalog` (what card, what model), `analytic` (closed forms), `modules`
+(a meta-device pass of any module), `kernels` (scratch rules), `tracing` (the real step
+on fake tensors), `allocator` (the CUDA caching allocator and context), `batch`,
+`sharding` and `device_map`, and `plan` on top.
 """
 
-from torchfit.memory.activations import ActivationReport, activation_bytes
 from torchfit.memory.allocator import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     AllocatorStats,
@@ -16,8 +19,15 @@ from torchfit.memory.allocator import (
     segment_size,
     to_device,
 )
-from torchfit.memory.analytic import estimate
-from torchfit.memory.arch import TransformerSpec, describe
+from torchfit.memory.analytic import (
+    TransformerSpec,
+    attention_bytes,
+    describe,
+    kv_cache_bytes,
+    kv_cache_bytes_for,
+    model_state_bytes,
+    optimizer_state_bytes,
+)
 from torchfit.memory.batch import (
     BatchSizeResult,
     BatchTrial,
@@ -45,17 +55,12 @@ from torchfit.memory.device_map import (
     evaluate_device_map,
     plan_device_map,
 )
-from torchfit.memory.estimate import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
-from torchfit.memory.formulas import (
-    attention_bytes,
-    kv_cache_bytes,
-    kv_cache_bytes_for,
-    model_state_bytes,
-    optimizer_state_bytes,
-)
+from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
 from torchfit.memory.measure import Measurement, live_bytes, measure_peak, measure_step
+from torchfit.memory.modules import ActivationReport, activation_bytes
 from torchfit.memory.plan import Advice, Plan, fits
+from torchfit.memory.result import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
 from torchfit.memory.sharding import (
     Strategy,
     deepspeed_zero_bytes,
@@ -63,71 +68,79 @@ from torchfit.memory.sharding import (
     parse_strategy,
     shard_estimate,
 )
-from torchfit.memory.trace import Trace, trace, trace_events, trace_step
+from torchfit.memory.tracing import Trace, trace, trace_events, trace_step
 
 __all__ = [
-    "CATEGORIES",
-    "DEFAULT_CUDA_CONTEXT_BYTES",
-    "GPU",
-    "ActivationReport",
+    # plan - does it fit, and what to change
     "Advice",
-    "AffineEstimate",
-    "AllocatorStats",
-    "BatchSizeResult",
-    "BatchTrial",
-    "CachingAllocator",
-    "DeviceMap",
-    "DeviceShare",
-    "LayerMemory",
-    "Margin",
-    "Measurement",
-    "MemoryEstimate",
-    "ModelEntry",
-    "ModelTask",
     "Plan",
-    "SimulatedGPU",
-    "Strategy",
-    "Trace",
+    "fits",
+    # estimate - the analytic estimator and its currency
+    "CATEGORIES",
+    "ActivationReport",
+    "AffineEstimate",
+    "LayerMemory",
+    "MemoryEstimate",
     "TransformerSpec",
-    "TrialOutcome",
     "activation_bytes",
     "attention_bytes",
-    "build_model",
-    "count_parameters",
-    "cublas_workspace_bytes",
-    "cuda_context_bytes",
-    "current_gpu",
-    "deepspeed_zero_bytes",
     "describe",
     "estimate",
-    "evaluate_device_map",
-    "find_batch_size",
-    "fits",
-    "gpu",
-    "is_oom",
     "kv_cache_bytes",
     "kv_cache_bytes_for",
-    "list_gpus",
-    "list_models",
-    "live_bytes",
-    "max_batch_size",
-    "measure_peak",
-    "measure_step",
-    "min_gpus",
-    "model_config",
-    "model_entry",
     "model_state_bytes",
     "optimizer_state_bytes",
-    "parse_strategy",
-    "plan_device_map",
-    "replay",
-    "round_request",
-    "segment_size",
-    "shard_estimate",
-    "simulate_gpu",
-    "solve_batch_size",
-    "to_device",
+    # trace - the real step on fake tensors
+    "Trace",
     "trace",
     "trace_events",
     "trace_step",
+    # measure - real allocations, the truth
+    "Measurement",
+    "live_bytes",
+    "measure_peak",
+    "measure_step",
+    # batch size
+    "BatchSizeResult",
+    "BatchTrial",
+    "Margin",
+    "SimulatedGPU",
+    "TrialOutcome",
+    "find_batch_size",
+    "is_oom",
+    "max_batch_size",
+    "simulate_gpu",
+    "solve_batch_size",
+    # catalog - models and cards
+    "GPU",
+    "ModelEntry",
+    "ModelTask",
+    "build_model",
+    "count_parameters",
+    "current_gpu",
+    "gpu",
+    "list_gpus",
+    "list_models",
+    "model_config",
+    "model_entry",
+    # allocator - what the device shows
+    "DEFAULT_CUDA_CONTEXT_BYTES",
+    "AllocatorStats",
+    "CachingAllocator",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
+    "replay",
+    "round_request",
+    "segment_size",
+    "to_device",
+    # several GPUs
+    "DeviceMap",
+    "DeviceShare",
+    "Strategy",
+    "deepspeed_zero_bytes",
+    "evaluate_device_map",
+    "min_gpus",
+    "parse_strategy",
+    "plan_device_map",
+    "shard_estimate",
 ]

@@ -1,0 +1,48 @@
+"""From allocated bytes to what the GPU shows: caching allocator, CUDA context, workspaces."""
+
+from torchfit.memory.allocator.device import (
+    CONTEXT_ENV_VAR,
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    DEFAULT_FRAGMENTATION,
+    EAGER_CUDA_CONTEXT_BYTES,
+    approximate_reserved,
+    cublas_workspace_bytes,
+    cuda_context_bytes,
+    to_device,
+)
+from torchfit.memory.allocator.rules import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    AllocatorStats,
+    SegmentInfo,
+    round_request,
+    segment_size,
+)
+from torchfit.memory.allocator.simulator import CachingAllocator, replay
+
+__all__ = [
+    "CONTEXT_ENV_VAR",
+    "DEFAULT_CUDA_CONTEXT_BYTES",
+    "DEFAULT_FRAGMENTATION",
+    "EAGER_CUDA_CONTEXT_BYTES",
+    "K_LARGE_BUFFER",
+    "K_MIN_BLOCK_SIZE",
+    "K_MIN_LARGE_ALLOC",
+    "K_ROUND_LARGE",
+    "K_SMALL_BUFFER",
+    "K_SMALL_SIZE",
+    "AllocatorStats",
+    "CachingAllocator",
+    "SegmentInfo",
+    "approximate_reserved",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
+    "replay",
+    "round_request",
+    "segment_size",
+    "to_device",
+]

@@ -1,0 +1,344 @@
+"""From allocated bytes to what the GPU shows: the caching allocator and the CUDA context.
+
+torchfit's estimators predict the peak of *allocated* bytes (``max_memory_allocated``).
+Users see ``torch.cuda.max_memory_reserved()`` and ``nvidia-smi``. This module closes
+the gap:
+
+* `round_request`, `segment_size`, `CachingAllocator` and `replay`: a byte-exact model
+  of PyTorch's CUDA caching allocator (512-byte rounding, small/large pools, 2 MiB and
+  20 MiB segments, 2 MiB rounding from 10 MiB, best-fit reuse, splitting, coalescing,
+  ``empty_cache``, OOM recovery). Given the exact allocation sequence, it gives the
+  exact ``max_memory_reserved``.
+* `cuda_context_bytes` and `cublas_workspace_bytes`: memory outside the estimate's
+  tensors: the CUDA context (never seen by the allocator) and the cuBLAS workspace
+  (allocated through it).
+* `to_device`: fills an estimate's ``reserved`` and ``context`` so that
+  ``device_total`` is the ``nvidia-smi`` figure.
+
+Not yet checked against a real GPU (tests/memory/allocator/test_allocator_cuda.py does that where
+one is present).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from torchfit._core.units import format_bytes, parse_bytes
+from torchfit.memory.allocator.rules import (
+    K_LARGE_BUFFER,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    check_nbytes,
+)
+from torchfit.memory.allocator.simulator import replay
+from torchfit.memory.result import MemoryEstimate
+
+if TYPE_CHECKING:
+    from torchfit.memory.gpus import GPU
+
+__all__ = [
+    "CONTEXT_ENV_VAR",
+    "DEFAULT_CUDA_CONTEXT_BYTES",
+    "DEFAULT_FRAGMENTATION",
+    "EAGER_CUDA_CONTEXT_BYTES",
+    "approximate_reserved",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
+    "to_device",
+]
+
+#: CUDA context of one process with lazy module loading (CUDA >= 11.7, PyTorch's default
+#: since 1.13): 287,047,680 bytes, measured as ``total - free`` after creating one tensor
+#: in pytorch PR #86509. That figure includes the tensor's 20 MiB segment, so the bare
+#: context was about 266 MB; the remainder stands in for the kernels cuBLAS and cuDNN
+#: load on first use. Real contexts vary with GPU, driver and libraries: ptrblck reports
+#: ~300 MB (pytorch #107667) and ~400 MB (#109888). Override with ``context_bytes=`` or
+#: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable.
+DEFAULT_CUDA_CONTEXT_BYTES = 287_047_680
+
+#: The same measurement with eager module loading (``CUDA_MODULE_LOADING=EAGER``, or
+#: CUDA < 11.7): 666,632,192 bytes (pytorch PR #86509); older stacks reach 1 GB+.
+EAGER_CUDA_CONTEXT_BYTES = 666_632_192
+
+#: The environment variable that overrides the CUDA context size (any `parse_bytes` form).
+CONTEXT_ENV_VAR = "TORCHFIT_CUDA_CONTEXT_BYTES"
+
+#: Fragmentation allowance of `approximate_reserved`: the share of allocated bytes that
+#: cached-but-unusable blocks add. Calibrated by replaying the real allocation traces of
+#: CPU training steps (MLP, CNN, two GPT-2 sizes) through `replay`: reserved/allocated
+#: peaks of 1.02-1.37, where the fixed 22 MiB term carries the small models
+#: (benchmarks/allocator_fragmentation.py).
+DEFAULT_FRAGMENTATION = 0.05
+
+# cuBLAS workspace defaults, aten/src/ATen/cuda/CublasHandlePool.cpp,
+# parseChosenWorkspaceSize: ":4096:2:16:8" (2 x 4096 KiB + 8 x 16 KiB), and 32 MiB
+# (":4096:8") on compute capability 9.x-12.x (Hopper and Blackwell; sm_90 only before).
+_CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+_CUBLAS_32MB = 4096 * 8 * 1024
+_CUBLAS_32MB_MAJORS = frozenset({9, 10, 11, 12})
+_CUBLAS_CONFIG_RE = re.compile(r":([0-9]+):([0-9]+)")  # the regex PyTorch applies
+
+
+def _resolve_gpu(gpu: str | GPU | None) -> GPU | None:
+    if isinstance(gpu, str):
+        from torchfit.memory.gpus import gpu as lookup  # noqa: PLC0415 - catalog loads on use
+
+        return lookup(gpu)
+    return gpu
+
+
+def cuda_context_bytes(gpu: str | GPU | None = None, *, lazy_loading: bool = True) -> int:
+    """Bytes a process's CUDA context takes on the device, outside the caching allocator.
+
+    The context (driver state, loaded kernels, per-SM stacks) appears in ``nvidia-smi``
+    but never in ``torch.cuda.memory_reserved``, and it cannot be released (pytorch issue
+    20532). Resolution order: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable
+    (e.g. ``"512MiB"``), then a ``cuda_context_bytes`` field of the GPU record when the
+    catalog has a measured one, then `DEFAULT_CUDA_CONTEXT_BYTES` (lazy module loading)
+    or `EAGER_CUDA_CONTEXT_BYTES`.
+
+    Args:
+        gpu: A catalog name or `GPU` record; None for the generic default.
+        lazy_loading: False for ``CUDA_MODULE_LOADING=EAGER`` or CUDA < 11.7.
+
+    Returns:
+        The context size in bytes.
+
+    Raises:
+        ValueError: The environment variable is set to something that is not a size.
+
+    Example:
+        >>> cuda_context_bytes() == DEFAULT_CUDA_CONTEXT_BYTES  # env var not set
+        True
+        >>> cuda_context_bytes(lazy_loading=False)
+        666632192
+    """
+    return _context(_resolve_gpu(gpu), lazy_loading=lazy_loading)[0]
+
+
+def _context(record: GPU | None, *, lazy_loading: bool) -> tuple[int, str]:
+    """The context size and where it came from, in words."""
+    override = os.environ.get(CONTEXT_ENV_VAR)
+    if override is not None and override.strip():
+        try:
+            return parse_bytes(override), CONTEXT_ENV_VAR
+        except ValueError as e:
+            raise ValueError(
+                f"{CONTEXT_ENV_VAR}={override!r} is not a size; set it like '300MB' or "
+                f"'287047680', or unset it for the default ({e})"
+            ) from e
+    measured = getattr(record, "cuda_context_bytes", None)
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
+        return measured, "measured for this GPU"
+    if lazy_loading:
+        return DEFAULT_CUDA_CONTEXT_BYTES, "default with lazy module loading"
+    return EAGER_CUDA_CONTEXT_BYTES, "default with eager module loading"
+
+
+def _capability_major(compute_capability: object) -> int:
+    value = compute_capability
+    if isinstance(value, tuple | list) and value and isinstance(value[0], int):
+        return int(value[0])
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value < 20 else value // 10  # 9 or 90 both mean sm_90
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(?:sm_?|compute_)?(\d+)(?:\.(\d+))?\s*", value.lower())
+        if match:
+            major, minor = match.groups()
+            if minor is not None or len(major) == 1:
+                return int(major)
+            return int(major[:-1])  # "90" -> 9, "120" -> 12
+    raise ValueError(
+        f"cannot read compute capability {compute_capability!r}; use a (major, minor) "
+        "tuple such as (9, 0), or a string such as '8.6' or 'sm_90'"
+    )
+
+
+def cublas_workspace_bytes(compute_capability: object = None) -> int:
+    """The cuBLAS workspace PyTorch allocates, through the caching allocator, per handle.
+
+    ``getChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``: the
+    ``CUBLAS_WORKSPACE_CONFIG`` environment variable when set (``:SIZE:COUNT`` pairs,
+    SIZE in KiB, summed as SIZE x COUNT), else 8,519,680 bytes (``:4096:2:16:8``), or
+    32 MiB on compute capability 9.x to 12.x (Hopper, Blackwell). One workspace per
+    (handle, stream): one for a single-stream training loop. An unknown GPU (None)
+    gets the larger 32 MiB, so an unknown card is not under-estimated. The cuBLASLt
+    workspace (``CUBLASLT_WORKSPACE_SIZE``, 1 MiB by default, shared with this one in
+    some builds) is not included.
+
+    Args:
+        compute_capability: ``(major, minor)``, ``"8.6"``, ``"sm_90"`` or None.
+
+    Returns:
+        Workspace bytes.
+
+    Example:
+        >>> cublas_workspace_bytes((8, 6))  # env var not set
+        8519680
+        >>> cublas_workspace_bytes("sm_90") // 2**20
+        32
+    """
+    default = _CUBLAS_32MB
+    if compute_capability is not None:
+        major = _capability_major(compute_capability)
+        default = _CUBLAS_32MB if major in _CUBLAS_32MB_MAJORS else _CUBLAS_DEFAULT
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config is None:
+        return default
+    pairs = _CUBLAS_CONFIG_RE.findall(config)
+    if not pairs:
+        # PyTorch warns ("Could not parse CUBLAS_WORKSPACE_CONFIG") and uses the default.
+        warnings.warn(
+            f"CUBLAS_WORKSPACE_CONFIG={config!r} has no ':SIZE:COUNT' pair, so PyTorch "
+            f"ignores it and uses its default workspace of {default} bytes; "
+            "set it like ':4096:8'",
+            UserWarning,
+            stacklevel=2,
+        )
+        return default
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def approximate_reserved(allocated: int, *, fragmentation: float = DEFAULT_FRAGMENTATION) -> int:
+    """Reserved bytes at a peak of ``allocated`` bytes when the allocation order is unknown.
+
+    The rule: ``allocated * (1 + fragmentation)`` rounded up to 2 MiB (large segments are
+    2 MiB multiples), plus one 20 MiB segment (``kLargeBuffer``: mid-size requests share
+    partly used 20 MiB segments) and one 2 MiB small-pool segment. With the default
+    fragmentation of 5% this falls within -5%/+8% of exact replays of real training-step
+    traces (see `DEFAULT_FRAGMENTATION`); with the real allocation order, use `replay`.
+
+    Example:
+        >>> approximate_reserved(400 * 2**20) // 2**20  # 420 + 20 + 2
+        442
+        >>> approximate_reserved(0)
+        0
+    """
+    if isinstance(fragmentation, bool) or not isinstance(fragmentation, int | float):
+        raise TypeError(f"fragmentation must be a number such as 0.05; got {fragmentation!r}")
+    if not 0 <= fragmentation < math.inf:
+        raise ValueError(f"fragmentation must be a finite share >= 0; got {fragmentation}")
+    if check_nbytes(allocated, "allocated") == 0:
+        return 0
+    held = math.ceil(allocated * (1 + fragmentation))
+    return -(-held // K_ROUND_LARGE) * K_ROUND_LARGE + K_LARGE_BUFFER + K_SMALL_BUFFER
+
+
+class _WorkspaceKey:
+    """A key no caller's trace can contain: the cuBLAS workspace in a replay."""
+
+    def __repr__(self) -> str:
+        return "<cuBLAS workspace>"
+
+
+_WORKSPACE_KEY = _WorkspaceKey()
+
+
+def to_device(
+    estimate: MemoryEstimate,
+    *,
+    gpu: str | GPU | None = None,
+    events: Iterable[Sequence[object]] | None = None,
+    context_bytes: int | str | None = None,
+    workspace: bool = True,
+    fragmentation: float = DEFAULT_FRAGMENTATION,
+    lazy_loading: bool = True,
+) -> MemoryEstimate:
+    """Add the CUDA device's view to an estimate: ``reserved``, ``context``, cuBLAS workspace.
+
+    With ``events`` (the exact allocation sequence behind the estimate, as `replay`
+    takes it, every tensor the estimate counts included), ``reserved`` is the replayed
+    ``max_memory_reserved``: exact under the modelled rules. Without, it is
+    `approximate_reserved` of the estimate's ``total``. With ``workspace`` the cuBLAS
+    workspace (`cublas_workspace_bytes`) is added to the ``workspace`` category (and, in
+    a replay, allocated before the first event, as the first matmul would). ``context``
+    comes from ``context_bytes`` when given, else `cuda_context_bytes`.
+
+    Args:
+        estimate: An estimate made for ``device="cuda"``.
+        gpu: Catalog name or `GPU` record: its compute capability picks the cuBLAS
+            workspace size.
+        events: ``(key, nbytes)`` allocations and ``(key,)`` frees, in order.
+        context_bytes: Override of the CUDA context size (bytes or a string like
+            ``"400MB"``).
+        workspace: Add the cuBLAS workspace (False when the estimate already has it).
+        fragmentation: See `approximate_reserved` (used without ``events``).
+        lazy_loading: See `cuda_context_bytes`.
+
+    Returns:
+        A copy of ``estimate`` with ``reserved``, ``context``, ``workspace`` and notes set.
+
+    Raises:
+        ValueError: ``estimate`` is not a CUDA estimate, or an argument is malformed.
+
+    Example:
+        >>> e = to_device(MemoryEstimate(weights=400 * 2**20), gpu=None, context_bytes="300MB")
+        >>> e.workspace // 2**20, e.reserved // 2**20, e.context
+        (32, 476, 300000000)
+        >>> e.device_total == e.reserved + e.context
+        True
+    """
+    if not isinstance(estimate, MemoryEstimate):
+        raise TypeError(f"to_device takes a MemoryEstimate; got {type(estimate).__name__}")
+    if estimate.device != "cuda":
+        raise ValueError(
+            f"to_device models the CUDA caching allocator, but this estimate was made for "
+            f"device={estimate.device!r}; estimate again with device='cuda'"
+        )
+    record = _resolve_gpu(gpu)
+    notes = list(estimate.notes)
+    extra = 0
+    if workspace:
+        capability = getattr(record, "compute_capability", None)
+        extra = cublas_workspace_bytes(capability)
+        where = "unknown GPU" if capability is None else f"compute capability {capability}"
+        notes.append(f"cuBLAS workspace {format_bytes(extra)} added to workspace ({where})")
+    total = estimate.total + extra
+    if events is None:
+        reserved = approximate_reserved(total, fragmentation=fragmentation)
+        notes.append(
+            f"reserved approximated from the allocated peak: +{fragmentation:.0%} "
+            "fragmentation, rounded to 2 MiB, + one 20 MiB and one 2 MiB segment "
+            "(pass events= for an exact replay)"
+        )
+    else:
+        trace = list(events)
+        if extra:
+            trace.insert(0, (_WORKSPACE_KEY, extra))
+        stats = replay(trace)
+        reserved = stats.peak_reserved
+        notes.append(
+            f"reserved replayed exactly from {len(trace)} allocator events "
+            f"(peak allocated {format_bytes(stats.peak_allocated)})"
+        )
+        missing = total - stats.peak_allocated
+        if missing > 0:
+            reserved += approximate_reserved(missing, fragmentation=fragmentation)
+            notes.append(
+                f"the events cover {format_bytes(stats.peak_allocated)} of the "
+                f"{format_bytes(total)} allocated peak; the other "
+                f"{format_bytes(missing)} is approximated"
+            )
+    if context_bytes is None:
+        context = cuda_context_bytes(record, lazy_loading=lazy_loading)
+        source = f"{CONTEXT_ENV_VAR}" if os.environ.get(CONTEXT_ENV_VAR, "").strip() else "default"
+    else:
+        context = parse_bytes(context_bytes)
+        source = "given"
+    notes.append(
+        f"CUDA context {format_bytes(context)} ({source}; outside the allocator, "
+        "shown by nvidia-smi)"
+    )
+    return estimate.replace(
+        workspace=estimate.workspace + extra,
+        reserved=reserved,
+        context=context,
+        notes=tuple(dict.fromkeys(notes)),
+    )

@@ -1,0 +1,328 @@
+"""Closed forms in bytes: model states, attention, KV cache, transformer activations.
+
+Pure functions of a few integers: no model is built, so they answer "what if seq_len
+were 8192?" for a 175B model in microseconds. Every count here was derived from the
+tensors autograd really saves (``torch.autograd.graph.saved_tensors_hooks`` on
+transformers' GPT-2, Llama and BERT blocks, torch 2.13) and is checked against real
+allocations in ``tests/memory/test_estimator.py``; the comments name what each term is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from torchfit._core.step import OptimizerName, parse_optimizer
+from torchfit._core.units import DType, parse_dtype
+
+__all__ = [
+    "AttentionImpl",
+    "ModelStates",
+    "attention_bytes",
+    "dropout_mask_bytes",
+    "kv_cache_bytes",
+    "kv_cache_bytes_for",
+    "model_state_bytes",
+    "optimizer_state_bytes",
+]
+
+FP32 = 4  # bytes of an fp32 element: statistics, loss logits, master weights
+INT64 = 8  # bytes of an index (token ids, labels, max-pool indices)
+
+
+class AttentionImpl(enum.StrEnum):
+    """How attention is computed, which decides whether the s x s matrix is kept."""
+
+    EAGER = "eager"  # explicit softmax(QK^T) V: scores and probabilities materialized
+    SDPA = "sdpa"  # torch's scaled_dot_product_attention: the backend depends on device/dropout
+    FLASH = "flash"  # flash / memory-efficient kernels: O(s) state (output + log-sum-exp)
+
+
+def parse_attention(value: str | AttentionImpl) -> AttentionImpl:
+    """``"eager"``, ``"sdpa"`` or ``"flash"`` (``"flash_attention_2"`` is ``"flash"``)."""
+    key = str(value).strip().lower()
+    key = {"flash_attention_2": "flash", "flash_attention_3": "flash", "math": "eager"}.get(
+        key, key
+    )
+    try:
+        return AttentionImpl(key)
+    except ValueError:
+        raise ValueError(
+            f"unknown attention implementation {value!r}; expected 'eager', 'sdpa' or 'flash'"
+        ) from None
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+def dropout_mask_bytes(dtype: DType, device: str) -> float:
+    """Bytes per element of a dropout mask that autograd keeps.
+
+    On CUDA ``native_dropout`` keeps a bool mask (1 byte). On CPU ATen's non-fused
+    path multiplies by a noise tensor of the input's dtype and keeps that
+    (``aten/src/ATen/native/Dropout.cpp``: ``is_fused_kernel_acceptable`` is CUDA-only).
+    """
+    return 1.0 if device == "cuda" else dtype.itemsize
+
+
+def sdpa_is_flash(*, device: str, training: bool, dropout: float) -> bool:
+    """Whether ``scaled_dot_product_attention`` runs a kernel that keeps O(s) state.
+
+    CPU (torch 2.13): the flash kernel ``_scaled_dot_product_flash_attention_for_cpu``
+    has no dropout, so training with dropout falls back to the math path, which keeps
+    the probabilities and the dropout mask like eager attention (measured: FACTS.md).
+    CUDA: flash and memory-efficient kernels support dropout.
+    """
+    return device == "cuda" or not (training and dropout > 0)
+
+
+def keeps_linear_state(
+    implementation: str | AttentionImpl, *, device: str, training: bool, dropout: float
+) -> bool:
+    """Whether this attention keeps O(s) state (flash-style) rather than the s x s matrix.
+
+    Example:
+        >>> keeps_linear_state("sdpa", device="cpu", training=True, dropout=0.1)
+        False
+    """
+    impl = parse_attention(implementation)
+    return impl is AttentionImpl.FLASH or (
+        impl is AttentionImpl.SDPA
+        and sdpa_is_flash(device=device, training=training, dropout=dropout)
+    )
+
+
+def attention_bytes(
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: str | DType = "fp32",
+    implementation: str | AttentionImpl = "sdpa",
+    training: bool = True,
+    dropout: float = 0.0,
+    num_kv_heads: int | None = None,
+    device: str = "cuda",
+) -> int:
+    """What the attention core of one layer keeps alive, in bytes.
+
+    Training: the tensors saved for backward between the Q/K/V projections and the output
+    projection. Eager (and SDPA's math fallback): Q, K^T and V as made contiguous for the
+    batched matmuls, the b·a·s² probabilities, and with dropout the b·a·s² mask and
+    dropped probabilities. Flash / memory-efficient SDPA: Q, K, V, the output and the
+    fp32 log-sum-exp — O(s), no s² term. Inference: the largest transient (eager: the
+    scores and the probabilities at once; flash: the output).
+
+    Example:
+        >>> eager = attention_bytes(batch_size=1, seq_len=2048, num_heads=32, head_dim=128,
+        ...                         dtype="bf16", implementation="eager")
+        >>> flash = attention_bytes(batch_size=1, seq_len=2048, num_heads=32, head_dim=128,
+        ...                         dtype="bf16", implementation="flash")
+        >>> eager // 2**20, flash // 2**20
+        (304, 64)
+    """
+    _check_positive(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    _check_positive(num_kv_heads=kv_heads)
+    elem = parse_dtype(dtype).itemsize
+    impl = parse_attention(implementation)
+    tokens = batch_size * seq_len
+    hidden = num_heads * head_dim
+    square = batch_size * num_heads * seq_len * seq_len
+    flash = keeps_linear_state(impl, device=device, training=training, dropout=dropout)
+    if not training:
+        if flash:
+            return math.ceil(tokens * hidden * elem)
+        return math.ceil(2 * square * elem)  # scores, then probabilities, both alive
+    if flash:
+        # q (a heads), k and v (kv heads: GQA kernels read them unexpanded), output, lse
+        qkv_out = tokens * (2 * hidden + 2 * kv_heads * head_dim) * elem
+        return math.ceil(qkv_out + batch_size * num_heads * seq_len * FP32)
+    # Q, K^T and V contiguous for bmm (K and V already expanded to a heads), probabilities
+    saved = 3 * tokens * hidden * elem + square * elem
+    if dropout > 0:
+        saved += square * (dropout_mask_bytes(parse_dtype(dtype), device) + elem)
+    return math.ceil(saved)
+
+
+def kv_cache_bytes(
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | DType = "fp16",
+    sliding_window: int | None = None,
+) -> int:
+    """Bytes of a key/value cache: 2 · layers · batch · seq · kv_heads · head_dim · bytes.
+
+    ``num_kv_heads`` is ``num_key_value_heads`` for GQA/MQA models, not the number of
+    attention heads. With a sliding window (Mistral-style) a layer keeps at most
+    ``sliding_window`` positions.
+
+    Example:
+        >>> # Llama-2-7B, 4096 tokens, fp16: 2 GiB per sequence
+        >>> kv_cache_bytes(batch_size=1, seq_len=4096, num_layers=32, num_kv_heads=32,
+        ...                head_dim=128, dtype="fp16") / 2**30
+        2.0
+    """
+    _check_positive(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
+    positions = seq_len if sliding_window is None else min(seq_len, sliding_window)
+    elem = parse_dtype(dtype).itemsize
+    return math.ceil(2 * num_layers * batch_size * positions * num_kv_heads * head_dim * elem)
+
+
+def kv_cache_bytes_for(
+    config: object,
+    *,
+    batch_size: int,
+    seq_len: int,
+    dtype: str | DType | None = None,
+) -> int:
+    """`kv_cache_bytes` for a transformers config (or a catalog name).
+
+    Reads ``num_hidden_layers``, ``num_key_value_heads`` (GQA/MQA; falls back to the
+    attention heads), ``head_dim`` and ``sliding_window``; ``dtype`` defaults to the
+    config's ``torch_dtype``/``dtype``, else fp16.
+
+    Example:
+        >>> from transformers import MistralConfig
+        >>> config = MistralConfig(sliding_window=4096)  # Mistral-7B: 8 KV heads of 128
+        >>> kv_cache_bytes_for(config, batch_size=1, seq_len=32768, dtype="bf16") / 2**20
+        512.0
+    """
+    from torchfit.memory.analytic.arch import describe  # noqa: PLC0415 - arch imports this module
+
+    if isinstance(config, str):
+        from torchfit.memory.catalog import model_config  # noqa: PLC0415
+
+        config = model_config(config)
+    spec = describe(config)
+    if dtype is None:
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = parse_dtype(stored) if stored is not None else DType.FP16
+    return kv_cache_bytes(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=dtype,
+        sliding_window=spec.sliding_window,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStates:
+    """Weights, gradients and optimizer state in bytes, with the rule that produced them."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    autocast_copies: int
+    note: str
+
+
+def optimizer_state_bytes(
+    optimizer: str | OptimizerName | None,
+    *,
+    trainable: int,
+    param_dtype: DType,
+    num_tensors: int = 0,
+    large_tensor_params: int | None = None,
+) -> int:
+    """Optimizer state for ``trainable`` parameters held in ``param_dtype``.
+
+    SGD keeps nothing; momentum one buffer; Adam/AdamW two moments in the parameter's
+    dtype plus a 4-byte ``step`` tensor per parameter tensor (torch.optim keeps ``step``
+    as a float32 scalar tensor). bitsandbytes' 8-bit AdamW keeps two uint8 moments with
+    an fp32 absmax per 256-element block, for tensors of at least 4096 elements
+    (``min_8bit_size``); smaller ones get fp32 moments.
+    """
+    name = parse_optimizer(optimizer)
+    elem = param_dtype.itemsize
+    if name in {OptimizerName.NONE, OptimizerName.SGD}:
+        return 0
+    if name is OptimizerName.SGD_MOMENTUM:
+        return math.ceil(trainable * elem)
+    if name in {OptimizerName.ADAM, OptimizerName.ADAMW}:
+        return math.ceil(2 * trainable * elem) + FP32 * num_tensors
+    big = trainable if large_tensor_params is None else large_tensor_params
+    small = trainable - big
+    blockwise = 2 * (big + FP32 * math.ceil(big / 256))
+    return blockwise + 2 * small * FP32 + FP32 * num_tensors
+
+
+def model_state_bytes(
+    *,
+    params: int,
+    trainable: int | None = None,
+    dtype: str | DType = "fp32",
+    mixed_precision: bool = False,
+    optimizer: str | OptimizerName | None = "adamw",
+    training: bool = True,
+    num_tensors: int = 0,
+    autocast_params: int = 0,
+) -> ModelStates:
+    """Weights, gradients and optimizer state of a model.
+
+    Args:
+        params: All parameters (frozen included).
+        trainable: Parameters that get gradients and optimizer state (all by default;
+            fewer with frozen layers or LoRA).
+        dtype: The compute dtype.
+        mixed_precision: Autocast training with fp32 weights (``torch.autocast``): weights,
+            gradients and state stay fp32, and the forward keeps a 16-bit copy of the
+            weights autocast casts (``autocast_params`` of them). ``False`` with a 16-bit
+            dtype means the model itself is 16-bit ("pure" bf16/fp16).
+        optimizer: An optimizer name (see `OptimizerName`).
+        training: ``False`` counts weights only.
+        num_tensors: Number of trainable parameter tensors (for per-tensor state).
+        autocast_params: Parameters that autocast casts to 16 bits (Linear/conv weights).
+
+    Example:
+        >>> s = model_state_bytes(params=10**9, dtype="fp32", optimizer="adamw")
+        >>> (s.weights + s.gradients + s.optimizer) / 10**9  # 16 bytes per parameter
+        16.0
+    """
+    if params < 0:
+        raise ValueError(f"params must be >= 0; got {params}")
+    train = params if trainable is None else trainable
+    if not 0 <= train <= params:
+        raise ValueError(f"trainable must be between 0 and params={params}; got {train}")
+    compute = parse_dtype(dtype)
+    if compute.is_quantized:
+        raise ValueError(
+            f"dtype {compute.value!r} is a weight format, not a compute dtype; quantized "
+            "weights are counted by torchfit.quantize.quantized_footprint"
+        )
+    master = mixed_precision and compute.bits == 16
+    param_dtype = DType.FP32 if master or compute is DType.TF32 else compute
+    weights = math.ceil(params * param_dtype.itemsize)
+    if not training:
+        return ModelStates(weights, 0, 0, 0, f"weights in {param_dtype.value}")
+    gradients = math.ceil(train * param_dtype.itemsize)
+    state = optimizer_state_bytes(
+        optimizer, trainable=train, param_dtype=param_dtype, num_tensors=num_tensors
+    )
+    copies = math.ceil(autocast_params * compute.itemsize) if master else 0
+    note = (
+        f"mixed precision: fp32 weights, gradients and state; {compute.value} autocast copies"
+        if master
+        else f"weights, gradients and optimizer state in {param_dtype.value}"
+    )
+    return ModelStates(weights, gradients, state, copies, note)

@@ -1,0 +1,328 @@
+"""Predicted batch sizes: invert ``fixed + batch * per_sample`` within a budget and a margin.
+
+The pure half of `torchfit.memory.batch` (no step is run here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchfit._core.units import format_bytes, parse_bytes
+from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator, budget_of
+from torchfit.memory.gpus import GPU
+from torchfit.memory.result import AffineEstimate, MemoryEstimate
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "Budget",
+    "BudgetKind",
+    "Line",
+    "Margin",
+    "Predictor",
+    "default_budget",
+    "describe_budget",
+    "max_batch_size",
+    "resolve_budget",
+    "resolve_margin",
+    "solve_batch_size",
+    "solve_predictor",
+]
+
+#: Bytes the CUDA context takes outside the allocator: 287,047,680 measured with lazy
+#: module loading (CUDA >= 11.7) in pytorch PR #86509 (FACTS.md). Held back when the
+#: budget is a whole card and the estimate does not model the context itself.
+CUDA_CONTEXT_BYTES = 287_047_680
+
+# Default share of the budget kept free. The caching allocator holds more than it hands
+# out (512-byte rounding, 2 MiB / 20 MiB segments, splitting; FACTS.md), and a step's
+# peak moves with sequence length and kernel choice: users report OOMs after tuning
+# without a margin (Lightning #8028, #9625). 10% is the share vLLM leaves by default
+# (EngineArgs.gpu_memory_utilization = 0.90). A simulated card has no allocator behind
+# it (allocated == reserved, no fragmentation), so 2% is kept there, for step variation.
+_FRACTION_CARD = 0.10
+_FRACTION_SIMULATED = 0.02
+
+
+class BudgetKind(enum.StrEnum):
+    """Where a budget came from; it decides the default `Margin`."""
+
+    BYTES = "bytes"  # allocatable bytes the user stated
+    GPU = "gpu"  # a card's total memory (the CUDA context comes out of it)
+    SIMULATED = "simulated"  # an active simulate_gpu card
+    CUDA = "cuda"  # this process's CUDA device: free + reserved bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Margin:
+    """What is kept free of a budget: a share for allocator slack, plus reserved bytes.
+
+    ``usable = budget * (1 - fraction) - reserve``. The default ``fraction`` is 10% on a
+    real card (caching-allocator fragmentation and step-to-step variation; vLLM keeps the
+    same share by default) and 2% on a `simulate_gpu` card (no allocator). ``reserve``
+    holds back the CUDA context (`CUDA_CONTEXT_BYTES`) when the budget is a card's total
+    memory and the estimate does not include it.
+
+    Example:
+        >>> Margin(0.1, reserve=100).usable(1000)
+        800
+    """
+
+    fraction: float = _FRACTION_CARD
+    reserve: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a fraction outside [0, 1) and a negative reserve."""
+        if not 0 <= self.fraction < 1:
+            raise ValueError(f"Margin.fraction must be in [0, 1); got {self.fraction!r}")
+        if self.reserve < 0:
+            raise ValueError(f"Margin.reserve must be >= 0 bytes; got {self.reserve!r}")
+
+    def usable(self, budget_bytes: int) -> int:
+        """Bytes of ``budget_bytes`` a step may use."""
+        return math.floor(budget_bytes * (1 - self.fraction)) - self.reserve
+
+
+Budget = int | str | GPU | SimulatedGPU
+
+
+def resolve_budget(budget: Budget) -> tuple[int, BudgetKind]:
+    """Bytes and kind of a budget: bytes, a size string, a `GPU`, or a `SimulatedGPU`."""
+    if isinstance(budget, SimulatedGPU):
+        return budget.capacity, BudgetKind.SIMULATED
+    kind = BudgetKind.GPU if isinstance(budget, GPU) else BudgetKind.BYTES
+    if isinstance(budget, str):
+        try:
+            parse_bytes(budget)
+        except ValueError:
+            kind = BudgetKind.GPU  # a catalog name
+    return budget_of(budget)[0], kind
+
+
+def resolve_margin(margin: float | Margin | None, kind: BudgetKind, context: int) -> Margin:
+    """The `Margin` to apply: as given, or the default for this kind of budget."""
+    if isinstance(margin, Margin):
+        return margin
+    fraction = _FRACTION_SIMULATED if kind is BudgetKind.SIMULATED else _FRACTION_CARD
+    if margin is not None:
+        if isinstance(margin, bool) or not isinstance(margin, int | float):
+            raise TypeError(
+                f"margin must be a fraction such as 0.1, a Margin, or None; got {margin!r}"
+            )
+        fraction = float(margin)
+    reserve = (context or CUDA_CONTEXT_BYTES) if kind is BudgetKind.GPU else 0
+    return Margin(fraction, reserve=reserve)
+
+
+def solve_batch_size(
+    line: AffineEstimate, budget_bytes: int | str, *, margin: float | Margin = _FRACTION_CARD
+) -> int:
+    """The largest batch whose predicted peak stays within a budget minus a margin.
+
+    Inverts ``line.fixed.total + batch * line.per_sample.total <= usable``, where
+    ``usable = budget * (1 - fraction) - reserve`` (see `Margin`).
+
+    Args:
+        line: Memory as a function of batch size.
+        budget_bytes: Allocatable bytes (a number or a size string).
+        margin: A fraction of the budget to keep free, or a `Margin`.
+
+    Returns:
+        The batch size; 0 when even the fixed part does not fit.
+
+    Raises:
+        ValueError: The line does not grow with the batch (any batch would fit).
+
+    Example:
+        >>> line = AffineEstimate(MemoryEstimate(weights=1000), MemoryEstimate(activations=10))
+        >>> solve_batch_size(line, 2000)  # usable 1800: (1800 - 1000) // 10
+        80
+        >>> solve_batch_size(line, 2000, margin=0.0)
+        100
+    """
+    chosen = margin if isinstance(margin, Margin) else Margin(float(margin))
+    usable = chosen.usable(parse_bytes(budget_bytes))
+    return max(line.max_batch_size(usable), 0) if usable >= 0 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """``fixed + batch * per_sample`` in bytes (floats: a fit, not a category table)."""
+
+    fixed: float
+    per_sample: float
+
+    def at(self, batch_size: int) -> float:
+        """Predicted bytes at ``batch_size``."""
+        return self.fixed + batch_size * self.per_sample
+
+    def solve(self, usable: float) -> int:
+        """Largest batch within ``usable`` bytes (0 if none)."""
+        if self.per_sample <= 0:
+            raise ValueError(
+                "memory does not grow with the batch size in this prediction; check that "
+                "the per-sample part (activations) was estimated"
+            )
+        return max(math.floor((usable - self.fixed) / self.per_sample), 0)
+
+
+Predictor = AffineEstimate | Callable[[int], MemoryEstimate]
+
+
+def _total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
+    estimate = predict(batch_size)
+    if not isinstance(estimate, MemoryEstimate):
+        raise TypeError(
+            f"predict({batch_size}) returned {type(estimate).__name__}; a predictor must "
+            "return a torchfit MemoryEstimate (e.g. lambda b: memory.estimate(model, batch_size=b))"
+        )
+    return estimate.total
+
+
+def _largest(fits: Callable[[int], bool], sizes: Sequence[int] | None, good: int, bad: int) -> int:
+    """Bisect for the largest size that fits, given fits(good) (or good == 0) and not fits(bad).
+
+    With ``sizes`` (sorted), ``good`` and ``bad`` are indices into it (``good`` = -1: none).
+    """
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(sizes[mid] if sizes is not None else mid):
+            good = mid
+        else:
+            bad = mid
+    if sizes is not None:
+        return sizes[good] if good >= 0 else 0
+    return good
+
+
+def solve_predictor(
+    predict: Predictor, usable: int, *, batch_sizes: Sequence[int] | None = None
+) -> tuple[int, Line]:
+    """Largest batch within ``usable`` bytes, and the line (or local secant) used.
+
+    An `AffineEstimate` is inverted directly. A callable is fitted from two evaluations
+    (batch 1 and 2), the solution is checked with the callable itself (it must fit and
+    one more must not), and when that check fails (memory not affine) the answer comes
+    from a bisection over the callable.
+    """
+    sizes = sorted(set(batch_sizes)) if batch_sizes is not None else None
+    if sizes is not None and (not sizes or sizes[0] < 1):
+        raise ValueError(f"batch_sizes must be positive integers; got {batch_sizes!r}")
+    if isinstance(predict, AffineEstimate):
+        line = Line(float(predict.fixed.total), float(predict.per_sample.total))
+        best = line.solve(usable)
+        if sizes is not None:
+            best = max((b for b in sizes if b <= best), default=0)
+        return best, line
+    if not callable(predict):
+        raise TypeError(
+            f"predict must be an AffineEstimate or a callable batch_size -> MemoryEstimate; "
+            f"got {type(predict).__name__}"
+        )
+    return _solve_callable(predict, usable, sizes)
+
+
+def _solve_callable(
+    predict: Callable[[int], MemoryEstimate], usable: int, sizes: list[int] | None
+) -> tuple[int, Line]:
+    one, two = _total(predict, 1), _total(predict, 2)
+    line = Line(float(2 * one - two), float(two - one))
+    if one > usable:
+        return 0, line
+
+    def fits(batch_size: int) -> bool:
+        return _total(predict, batch_size) <= usable
+
+    if sizes is not None:
+        if fits(sizes[-1]):
+            return sizes[-1], line
+        return _largest(fits, sizes, -1, len(sizes) - 1), line
+    # A peak set by a batch-independent phase at small batches is flat there: no slope.
+    guess = max(line.solve(usable), 1) if line.per_sample > 0 else 2
+    if fits(guess):
+        if not fits(guess + 1):  # the line's answer, checked by the third and fourth call
+            return guess, line
+        good, bad = guess + 1, 2 * guess + 2
+    else:
+        good, bad = 1, guess
+    while fits(bad):  # not affine: widen the bracket, then bisect
+        good, bad = bad, 2 * bad
+        if bad > 2**40:
+            raise ValueError("the predicted memory never exceeds the budget; check predict")
+    return _largest(fits, None, good, bad), line
+
+
+def max_batch_size(
+    predict: Predictor,
+    budget: Budget,
+    *,
+    margin: float | Margin | None = None,
+    batch_sizes: Sequence[int] | None = None,
+) -> int:
+    """The largest batch a prediction says fits, without running a step.
+
+    Args:
+        predict: Memory as a function of the batch: an `AffineEstimate`, or a callable
+            ``batch_size -> MemoryEstimate`` (e.g. an estimator). A callable is fitted
+            from two evaluations and checked with more; memory that is not affine in the
+            batch falls back to a bisection over the callable.
+        budget: Bytes, a size string (``"12GB"``), a `GPU` (its total memory: the CUDA
+            context is held back), or a `SimulatedGPU`.
+        margin: A fraction of the budget to keep free, a `Margin`, or ``None`` for the
+            default: 10% (2% on a simulated card) plus `CUDA_CONTEXT_BYTES` for a `GPU`
+            budget, unless the estimate has its own ``context``.
+        batch_sizes: Allowed sizes (e.g. multiples of 8); the answer is the largest of
+            them that fits. Any positive integer when ``None``.
+
+    Returns:
+        The batch size; 0 when not even one sample fits.
+
+    Raises:
+        ValueError: The prediction does not grow with the batch, or a bad budget/margin.
+        TypeError: ``predict`` is neither an `AffineEstimate` nor a callable of estimates.
+
+    Example:
+        >>> line = AffineEstimate(
+        ...     MemoryEstimate(weights=2 * 2**30), MemoryEstimate(activations=50 * 2**20)
+        ... )
+        >>> max_batch_size(line, "12GiB")  # 10% kept free
+        180
+        >>> max_batch_size(line, "12GiB", margin=0.0, batch_sizes=range(8, 1025, 8))
+        200
+        >>> quadratic = lambda b: line.at(b) + MemoryEstimate(workspace=b * b * 2**20)
+        >>> max_batch_size(quadratic, "12GiB")  # not affine: bisected over the callable
+        73
+    """
+    budget_bytes, kind = resolve_budget(budget)
+    context = predict.fixed.context if isinstance(predict, AffineEstimate) else 0
+    if not isinstance(predict, AffineEstimate) and kind is BudgetKind.GPU and callable(predict):
+        context = predict(1).context
+    usable = resolve_margin(margin, kind, context).usable(budget_bytes)
+    return solve_predictor(predict, usable, batch_sizes=batch_sizes)[0]
+
+
+def describe_budget(budget_bytes: int, margin: Margin) -> str:
+    """One line: the budget and what the margin keeps free."""
+    text = f"{format_bytes(budget_bytes)} budget, {margin.fraction:.0%} kept free"
+    if margin.reserve:
+        text += f" + {format_bytes(margin.reserve)} reserved"
+    return text
+
+
+def _cuda_budget() -> int:  # pragma: no cover - needs a GPU
+    free, _total_bytes = torch.cuda.mem_get_info()
+    return int(free + torch.cuda.memory_reserved())
+
+
+def default_budget() -> tuple[int, BudgetKind] | None:
+    """The innermost simulated card, else this process's CUDA device, else ``None``."""
+    card = active_simulator()
+    if card is not None:
+        return card.capacity, BudgetKind.SIMULATED
+    if torch.cuda.is_available():  # pragma: no cover - needs a GPU
+        return _cuda_budget(), BudgetKind.CUDA
+    return None

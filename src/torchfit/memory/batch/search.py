@@ -1,0 +1,334 @@
+"""The search behind `find_batch_size`: trials, observations, and the next size to try."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from torchfit.memory.batch.predict import (
+    Budget,
+    Line,
+    Margin,
+    Predictor,
+    default_budget,
+    resolve_budget,
+    resolve_margin,
+    solve_predictor,
+)
+from torchfit.memory.batch.probe import Meter, Snapshot, agree_min, cuda_ready
+from torchfit.memory.batch.results import BatchSizeResult, BatchTrial, TrialOutcome, is_oom
+from torchfit.memory.batch.simulate import paused
+from torchfit.memory.result import AffineEstimate
+
+__all__ = ["DEFAULT_START", "Options", "Search", "split_effective"]
+
+#: First size tried when there is neither a prediction nor ``start`` (accelerate's default).
+DEFAULT_START = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The settings of one `find_batch_size` search, checked on creation."""
+
+    start: int | None
+    predict: Predictor | None
+    budget: Budget | None
+    limit: int | None
+    probe_upward: bool
+    effective: int | None
+    margin: float | Margin | None
+    restore: tuple[object, ...]
+    warmup: bool | None
+    max_trials: int
+
+    def __post_init__(self) -> None:
+        """Refuse sizes that are not whole numbers."""
+        for name in ("start", "limit", "effective"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{_LABELS[name]} must be a whole number; got {value!r}")
+            if value is not None and value < 1:
+                raise ValueError(f"{_LABELS[name]} must be >= 1; got {value}")
+        if self.max_trials < 1:
+            raise ValueError(f"max_trials must be >= 1; got {self.max_trials}")
+        if self.start is not None and self.predict is not None:
+            raise ValueError(
+                "give either predict= (start at the predicted batch) or start=, not both"
+            )
+        if self.predict is not None and not (
+            isinstance(self.predict, AffineEstimate) or callable(self.predict)
+        ):
+            raise TypeError(
+                "predict must be an AffineEstimate or a callable batch_size -> MemoryEstimate; "
+                f"got {type(self.predict).__name__}"
+            )
+        if self.budget is not None:
+            resolve_budget(self.budget)  # a bad budget fails at decoration, not mid-run
+        if self.margin is not None:
+            resolve_margin(self.margin, resolve_budget(self.budget or 1)[1], 0)
+
+
+_LABELS = {"start": "start", "limit": "max_batch_size", "effective": "effective_batch_size"}
+
+
+def split_effective(effective: int, cap: int) -> tuple[int, int]:
+    """Split an effective batch into (micro-batch <= cap, accumulation steps).
+
+    Exact (``micro * steps == effective``) when a step count up to twice the minimum
+    divides it; else the smallest cover above it.
+    """
+    steps = math.ceil(effective / cap)
+    for candidate in range(steps, 2 * steps + 1):
+        if effective % candidate == 0:
+            return effective // candidate, candidate
+    return math.ceil(effective / steps), steps
+
+
+@dataclasses.dataclass
+class _Observed:
+    batch_size: int
+    peak: int
+    resident: int
+
+
+class Search:
+    """One run of the search: trials, observations, and the next size to try."""
+
+    def __init__(self, call: Callable[[int, int], object], options: Options) -> None:
+        """Resolve the budget and the prediction before the first trial."""
+        self.call = call
+        self.opts = options
+        found = resolve_budget(options.budget) if options.budget is not None else default_budget()
+        if options.predict is not None and found is None:
+            raise ValueError(
+                "predict= needs a budget: pass budget= (bytes, '12GB' or a GPU), or run under "
+                "simulate_gpu(...) or on a CUDA device"
+            )
+        self.budget = found[0] if found else None
+        self.usable: int | None = None
+        self.line: Line | None = None
+        self.predicted: int | None = None
+        if found is not None:
+            context = 0
+            if isinstance(options.predict, AffineEstimate):
+                context = options.predict.fixed.context
+            margin = resolve_margin(options.margin, found[1], context)
+            self.usable = margin.usable(found[0])
+            if options.predict is not None:
+                with paused():  # a predictor's work (e.g. a trace) is not the step's memory
+                    self.predicted, self.line = solve_predictor(options.predict, self.usable)
+        caps = [c for c in (options.limit, options.effective) if c is not None]
+        self.cap = min(caps) if caps else None
+        self.lo = 0
+        self.hi: int | None = None
+        self.oks: list[_Observed] = []
+        self.ooms: list[_Observed] = []
+        self.streak = 0
+        self.trials: list[BatchTrial] = []
+        self.meter = Meter()
+
+    # -- one real step --------------------------------------------------------------
+
+    def accumulation(self, batch_size: int) -> int:
+        """Micro-batches per step that keep the effective batch at ``batch_size``."""
+        effective = self.opts.effective
+        return 1 if effective is None else math.ceil(effective / batch_size)
+
+    def trial(
+        self,
+        batch_size: int,
+        reason: str,
+        state: Snapshot,
+        *,
+        accumulation: int,
+        keep: bool = False,
+    ) -> bool:
+        """Run the step once; on OOM free what it held; then restore ``state``.
+
+        A success with ``keep`` (the warm-up) is not restored: its state is the new start.
+        """
+        resident = self.meter.start()
+        started = time.perf_counter()
+        error = ""
+        failed = False
+        try:
+            self.call(batch_size, accumulation)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            failed = True
+            error = (str(exc).splitlines() or [type(exc).__name__])[0]
+            # A caught OOM's traceback keeps every frame of the failed step, and so its
+            # activations, alive; clear them before anything else is allocated.
+            traceback.clear_frames(exc.__traceback__)
+        seconds = time.perf_counter() - started
+        ok = bool(agree_min(int(not failed)))
+        peak = self.meter.peak() if ok else self.meter.demand(error)
+        if failed:
+            # What the failed step held may sit in reference cycles. A full collection
+            # costs ~0.25 s in a process with transformers loaded, so it is skipped only
+            # when the meter shows every byte above the trial's start already freed.
+            live = self.meter.live()
+            if live is None or resident is None or live > resident:
+                gc.collect()
+            if cuda_ready():
+                torch.cuda.empty_cache()
+        if not (ok and keep):
+            state.restore()
+        outcome = TrialOutcome.OK if ok else TrialOutcome.OOM
+        self.trials.append(
+            BatchTrial(batch_size, accumulation, outcome, reason, peak, resident, seconds, error)
+        )
+        if peak is not None and resident is not None and reason != "warm-up":
+            (self.oks if ok else self.ooms).append(_Observed(batch_size, peak, resident))
+        return ok
+
+    # -- what to try next -------------------------------------------------------------
+
+    def model(self) -> Line | None:
+        """Fixed and per-sample bytes: from measured successes, else the prediction.
+
+        A step's peak is ``max(P0, F + S * batch)``: at small batches a phase that does
+        not grow with the batch (the optimizer step) can set it. So the per-sample cost
+        is the secant between the two largest measured successes, anchored at the
+        largest (0 while the peak is still flat: the caller then doubles); with a single
+        success it is ``(peak - resident) / batch``, an over-estimate. A measured OOM
+        above the anchor proves ``S >= (demand - anchor peak) / (batch - anchor batch)``.
+        """
+        if self.oks:
+            top = max(self.oks, key=lambda o: o.batch_size)
+            below = [o for o in self.oks if o.batch_size < top.batch_size]
+            if below:
+                near = max(below, key=lambda o: o.batch_size)
+                slope = (top.peak - near.peak) / (top.batch_size - near.batch_size)
+            else:
+                slope = (top.peak - top.resident) / top.batch_size
+            bounds = [
+                (o.peak - top.peak) / (o.batch_size - top.batch_size)
+                for o in self.ooms
+                if o.batch_size > top.batch_size
+            ]
+            per_sample = max([slope, *bounds])
+            return Line(top.peak - per_sample * top.batch_size, per_sample)
+        if self.line is not None:
+            bounds = [(o.peak - self.line.fixed) / o.batch_size for o in self.ooms]
+            return Line(self.line.fixed, max([self.line.per_sample, *bounds]))
+        if self.ooms:
+            fixed = float(self.ooms[-1].resident)
+            return Line(fixed, max((o.peak - o.resident) / o.batch_size for o in self.ooms))
+        return None
+
+    def solve(self) -> int | None:
+        """The size the fitted line predicts for the usable budget, if it can tell."""
+        line = self.model()
+        if line is None or self.usable is None or line.per_sample <= 0:
+            return None
+        return line.solve(self.usable)
+
+    def after_oom(self, batch_size: int) -> int:
+        """The next size after an out-of-memory error at ``batch_size``."""
+        self.hi = batch_size if self.hi is None else min(self.hi, batch_size)
+        self.streak += 1
+        halve = (self.lo + self.hi) // 2 if self.lo else self.hi // 2
+        solved = self.solve()
+        # Trust the model first; on a second OOM in a row, at least halve the distance.
+        nxt = halve if solved is None else (min(solved, halve) if self.streak >= 2 else solved)
+        nxt = min(nxt, self.hi - 1)
+        if nxt <= self.lo:
+            return 0 if self.lo else min(1, self.hi - 1)
+        return nxt
+
+    def after_ok(self, batch_size: int) -> int:
+        """The next size after ``batch_size`` ran (the search may stop)."""
+        self.lo = max(self.lo, batch_size)
+        self.streak = 0
+        if not self.opts.probe_upward:
+            # After a back-off, the measured step may show room below the size that ran
+            # out of memory: close that gap (never above the first size tried).
+            solved = self.solve() if self.oks and self.hi is not None else None
+            if solved is None or self.hi is None:
+                return 0
+            nxt = min(self.capped(solved), self.hi - 1)
+            return nxt if nxt > self.lo else 0
+        solved = self.solve() if self.oks else None
+        if solved is None:  # nothing measured, or a flat peak: double, then bisect
+            solved = 2 * self.lo if self.hi is None else (self.lo + self.hi) // 2
+        elif len(self.oks) == 1 and self.usable is not None and self.oks[0].peak < self.usable:
+            # One point cannot tell a flat peak (set by the optimizer step) from a steep
+            # line; with bytes to spare, a second point one size up gives the secant.
+            solved = max(solved, self.lo + 1)
+        nxt = self.capped(solved)
+        if self.hi is not None:
+            nxt = min(nxt, self.hi - 1)
+        return nxt if nxt > self.lo else 0
+
+    def capped(self, batch_size: int) -> int:
+        """``batch_size`` within the user's limit, and at least 1."""
+        return max(1, batch_size if self.cap is None else min(batch_size, self.cap))
+
+    def chosen(self) -> int:
+        """The largest verified size, shrunk (never grown) to keep the margin.
+
+        It shrinks when that step was measured above the usable bytes.
+        """
+        solved = self.solve() if self.oks else None
+        return self.lo if solved is None else max(min(self.lo, solved), 1)
+
+    # -- the whole search ---------------------------------------------------------------
+
+    def run(self) -> BatchSizeResult:
+        """Run trials until a size is verified; return the result."""
+        first = self.predicted if self.predicted is not None else self.opts.start
+        reason = "predicted" if self.predicted is not None else "start"
+        size = agree_min(self.capped(DEFAULT_START if first is None else max(first, 1)))
+        original = Snapshot(self.opts.restore)
+        try:
+            state = original
+            warm = self.opts.warmup
+            warm = original.has_fresh_optimizer if warm is None else warm
+            if agree_min(int(warm)):
+                # The first step creates optimizer state lazily, after the activations are
+                # gone; later steps hold it throughout. Probe from the warmed-up state.
+                small = min(size, 2)
+                if self.trial(small, "warm-up", original, accumulation=1, keep=True):
+                    state = Snapshot(self.opts.restore)
+                else:
+                    self.hi, size, reason = small, small - 1, "back-off"
+            while size > 0 and len(self.trials) < self.opts.max_trials:
+                if self.trial(size, reason, state, accumulation=self.accumulation(size)):
+                    size = self.after_ok(size)
+                    reason = "probe" if self.opts.probe_upward else "refine"
+                else:
+                    size, reason = self.after_oom(size), "back-off"
+                size = agree_min(size)
+            if self.lo == 0:
+                raise torch.OutOfMemoryError(self._no_fit())
+            best = agree_min(self.chosen())
+        finally:
+            original.restore()
+        micro, steps = (
+            (best, 1) if self.opts.effective is None else split_effective(self.opts.effective, best)
+        )
+        return BatchSizeResult(
+            batch_size=micro,
+            accumulation_steps=steps,
+            effective_batch_size=None if self.opts.effective is None else micro * steps,
+            predicted=self.predicted,
+            budget=self.budget,
+            usable=self.usable,
+            trials=tuple(self.trials),
+        )
+
+    def _no_fit(self) -> str:
+        tried = ", ".join(f"{t.batch_size} ({t.outcome})" for t in self.trials)
+        return (
+            "CUDA out of memory. find_batch_size found no batch size that fits "
+            f"(tried {tried}); reduce the model's memory (mixed precision, gradient "
+            "checkpointing, a smaller optimizer state) or use a larger device"
+        )

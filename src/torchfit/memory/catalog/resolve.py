@@ -1,0 +1,302 @@
+"""Known models, offline: a name gives a transformers config, a meta-device model, a count.
+
+The catalog lives in ``models.json`` beside this file. Each entry reproduces the
+architecture fields of a published ``config.json`` (the hub repo id is its ``source``;
+GPT-3 175B comes from its paper) and records the exact parameter count of the
+transformers class `build_model` builds for it. Nothing here touches the network: a
+model that is not in the catalog is described by a local ``config.json`` or by a
+transformers config object.
+
+Which head is counted (it changes the count):
+
+- ``causal-lm`` entries build ``AutoModelForCausalLM`` (the LM head included; tied to
+  the input embedding for GPT-2/GPT-3 and counted once, untied for Llama, Mistral, Qwen
+  and Phi).
+- ``encoder`` entries (BERT) build ``AutoModel``: the encoder and its pooler, without
+  pre-training heads.
+- ``vision`` and ``cnn`` entries build ``AutoModelForImageClassification`` with the
+  checkpoint's classification head (1000 ImageNet classes; 1001 for MobileNetV2).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+
+from torchfit._core.units import DType, parse_dtype
+from torchfit.memory.catalog.entries import (
+    ModelTask,
+    _parse_task,
+    _transformers,
+    _transformers_major,
+    model_entry,
+)
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from transformers import PretrainedConfig
+
+__all__ = ["build_model", "count_parameters", "model_config"]
+
+_AUTO_CLASS: dict[ModelTask, str] = {
+    ModelTask.CAUSAL_LM: "AutoModelForCausalLM",
+    ModelTask.ENCODER: "AutoModel",
+    ModelTask.VISION: "AutoModelForImageClassification",
+    ModelTask.CNN: "AutoModelForImageClassification",
+}
+
+#: dtypes a module can be built in; quantized formats need torchfit.quantize.
+_BUILD_DTYPES = frozenset({DType.FP64, DType.FP32, DType.TF32, DType.FP16, DType.BF16})
+
+
+def _looks_like_path(text: str) -> bool:
+    starts = ("/", "./", "../", "~", ".\\", "..\\")
+    return text.startswith(starts) or text.endswith(".json") or Path(text).is_absolute()
+
+
+def model_config(model: str | os.PathLike[str] | PretrainedConfig) -> PretrainedConfig:
+    """A transformers config from a catalog name, a local config.json, or a config.
+
+    Offline: catalog configs come from the data file, local files are read with
+    ``local_files_only=True``, and remote code is never run.
+
+    Args:
+        model: A catalog name or alias (see `model_entry`), the path of a
+            ``config.json`` or of a folder holding one (as ``save_pretrained`` writes
+            it), or a transformers ``PretrainedConfig`` (returned as is).
+
+    Returns:
+        A new config object for names and paths (changing it changes nothing here).
+
+    Raises:
+        ImportError: transformers is not installed (``pip install 'torchfit[hf]'``).
+        FileNotFoundError: a path was given and holds no config.json.
+        ValueError: an unknown or ambiguous name (close matches are listed), or a
+            config.json that transformers cannot read.
+        TypeError: ``model`` is none of the above.
+
+    Example:
+        >>> config = model_config("GPT-2")
+        >>> type(config).__name__, config.n_layer, config.n_embd
+        ('GPT2Config', 12, 768)
+        >>> model_config("llama-3-70b").num_key_value_heads
+        8
+    """
+    transformers = _transformers()
+    if isinstance(model, transformers.PretrainedConfig):
+        return cast("PretrainedConfig", model)
+    if isinstance(model, os.PathLike):
+        return _load_local(Path(model))
+    if not isinstance(model, str):
+        raise TypeError(
+            "expected a catalog name, a config.json path or a transformers config; "
+            f"got {type(model).__name__}"
+        )
+    path = Path(model).expanduser()
+    if path.is_file() or (path / "config.json").is_file():
+        return _load_local(path)
+    try:
+        entry = model_entry(model)
+    except ValueError:
+        if _looks_like_path(model):
+            return _load_local(path)  # raises FileNotFoundError naming the path
+        raise
+    return entry.config()
+
+
+def _load_local(path: Path) -> PretrainedConfig:
+    transformers = _transformers()
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no config.json at {str(path)!r}; pass a config.json file or a folder holding one "
+            "(config.save_pretrained(folder) writes it), or a catalog name such as 'gpt2'"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{str(file)!r} is not a JSON config file: {error}") from error
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if not model_type:
+        raise ValueError(
+            f"{str(file)!r} has no 'model_type'; transformers needs it to pick the config "
+            'class: add e.g. "model_type": "llama"'
+        )
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise ValueError(
+            f"{str(file)!r}: model_type {model_type!r} is unknown to transformers "
+            f"{transformers.__version__}; upgrade transformers (torchfit never runs a "
+            "model's remote code)"
+        )
+    target = file.parent if file.name == "config.json" else file
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(target), local_files_only=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise ValueError(f"transformers could not read {str(file)!r}: {error}") from error
+    return cast("PretrainedConfig", config)
+
+
+def build_model(
+    model: str | os.PathLike[str] | PretrainedConfig,
+    *,
+    device: str | torch.device = "meta",
+    dtype: str | torch.dtype | DType | None = None,
+    task: str | ModelTask | None = None,
+) -> nn.Module:
+    """Build the transformers model for a name, config.json or config, by default on meta.
+
+    On the meta device the parameters have shapes and dtypes but no storage, so even
+    a 70B model builds in well under a second with no memory. The class is the one the
+    config's ``architectures`` names (catalog entries record the class their count
+    refers to, see the module docstring); otherwise it follows from ``task`` or from
+    the ``model_type`` (image classification, causal LM, else the base model).
+
+    Args:
+        model: Anything `model_config` accepts. A given config is copied, not changed.
+        device: Where to build; ``"meta"`` allocates nothing, any other device
+            allocates and initializes real weights.
+        dtype: Parameter dtype (``"bf16"``, ``torch.float16``...). ``None`` means the
+            dtype the config records (the published weights' dtype for catalog
+            entries), else torch's default dtype.
+        task: Overrides the class choice: ``"causal-lm"`` (with the LM head),
+            ``"encoder"`` (base model), ``"vision"``/``"cnn"`` (image classification).
+
+    Returns:
+        The model (``nn.Module``), in the state its constructor leaves it.
+
+    Raises:
+        ImportError: transformers is not installed (``pip install 'torchfit[hf]'``).
+        ValueError: an unknown name or task, or a quantized ``dtype`` (int8/4-bit
+            weights are loaded with torchfit.quantize, not built here).
+
+    Example:
+        >>> model = build_model("gpt2")
+        >>> type(model).__name__, next(model.parameters()).device
+        ('GPT2LMHeadModel', device(type='meta'))
+        >>> count_parameters(model)
+        124439808
+        >>> next(build_model("llama-3-8b").parameters()).dtype
+        torch.bfloat16
+    """
+    transformers = _transformers()
+    config = copy.deepcopy(model_config(model))
+    target = _build_dtype(dtype, config, transformers)
+    builder = _builder(config, task, transformers)
+    dtype_kwarg = "dtype" if _transformers_major(transformers) >= 5 else "torch_dtype"
+    with torch.device(device):
+        built = builder(config, **{dtype_kwarg: target})
+    if not isinstance(built, nn.Module):  # pragma: no cover - transformers always returns one
+        raise TypeError(f"transformers built a {type(built).__name__}, not an nn.Module")
+    return built
+
+
+def _build_dtype(
+    dtype: str | torch.dtype | DType | None, config: Any, transformers: ModuleType
+) -> torch.dtype:
+    if dtype is not None:
+        parsed = parse_dtype(dtype)
+        if parsed not in _BUILD_DTYPES:
+            raise ValueError(
+                f"build_model builds unquantized modules in fp64, fp32, fp16 or bf16; got "
+                f"{dtype!r}. Load int8/4-bit weights with torchfit.quantize, or pass the "
+                "dtype to a memory estimate instead"
+            )
+        return parsed.torch_dtype
+    field = "dtype" if _transformers_major(transformers) >= 5 else "torch_dtype"
+    recorded = getattr(config, field, None)
+    if isinstance(recorded, str):
+        recorded = getattr(torch, recorded, None)  # "bfloat16" -> torch.bfloat16; "auto" -> None
+    if isinstance(recorded, torch.dtype) and recorded.is_floating_point:
+        return recorded
+    return torch.get_default_dtype()
+
+
+def _builder(
+    config: Any, task: str | ModelTask | None, transformers: ModuleType
+) -> Callable[..., Any]:
+    if task is not None:
+        auto_class: Any = getattr(transformers, _AUTO_CLASS[_parse_task(task)])
+        return cast("Callable[..., Any]", auto_class.from_config)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and isinstance(architectures[0], str):
+        try:
+            cls: Any = getattr(transformers, architectures[0], None)
+        except (ImportError, AttributeError):  # a class whose backend is missing
+            cls = None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            # What Auto*.from_config calls once it has picked the class: applies the dtype.
+            model_class: Any = cls
+            return cast("Callable[..., Any]", model_class._from_config)  # noqa: SLF001
+    auto_class = getattr(transformers, _AUTO_CLASS[_infer_task(config)])
+    return cast("Callable[..., Any]", auto_class.from_config)
+
+
+def _infer_task(config: Any) -> ModelTask:
+    """The class family for a config without a usable ``architectures`` entry."""
+    from transformers.models.auto import modeling_auto  # noqa: PLC0415 - optional dependency
+
+    model_type = config.model_type
+    if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return ModelTask.VISION
+    # Encoders such as BERT also have a causal-LM class; a masked-LM class marks them.
+    if (
+        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    ):
+        return ModelTask.CAUSAL_LM
+    return ModelTask.ENCODER
+
+
+def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
+    """The exact number of distinct parameters: tied or shared weights count once.
+
+    A parameter registered under two names (a tied LM head) is one parameter. On real
+    devices, two parameter objects that view the same storage with the same offset,
+    shape and strides are also counted once; meta tensors have no storage, so there
+    only identity ties are seen.
+
+    Args:
+        model: Any ``nn.Module``, on any device (meta included).
+        trainable_only: Count only parameters with ``requires_grad``.
+
+    Example:
+        >>> lin = nn.Linear(4, 4)
+        >>> tied = nn.ModuleDict({"a": lin, "b": nn.Linear(4, 4)})
+        >>> tied["b"].weight = lin.weight
+        >>> count_parameters(tied)  # 16 shared weights + 2 biases of 4
+        24
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"count_parameters needs an nn.Module; got {type(model).__name__}")
+    seen: set[tuple[Any, ...]] = set()
+    total = 0
+    for param in model.parameters():  # already yields each Parameter object once
+        if trainable_only and not param.requires_grad:
+            continue
+        key = _storage_key(param)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        total += param.numel()
+    return total
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # fake or otherwise storage-less tensors
+        return None
+    if pointer == 0:
+        return None
+    return (tensor.device, pointer, tensor.storage_offset(), tuple(tensor.shape), tensor.stride())

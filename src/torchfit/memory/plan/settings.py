@@ -1,0 +1,85 @@
+"""What a plan was asked for (`Settings`), and what the model tells about its own input."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["Settings", "config_of", "default_seq_len", "max_positions", "transformer_spec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What was planned: the arguments of one estimate."""
+
+    model: str
+    mode: str
+    dtype: str
+    batch_size: int
+    seq_len: int | None
+    input_shape: tuple[int, ...] | None
+    optimizer: str
+    gradient_checkpointing: bool
+    attn_implementation: str
+    trainable_params: int | None = None
+    strategy: str | None = None
+    world_size: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    param_dtype: str | None = None
+    gpus_per_node: int | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `estimate` these settings stand for."""
+        return {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "input_shape": self.input_shape,
+            "dtype": self.dtype,
+            "mode": self.mode,
+            "optimizer": None if self.optimizer == "none" else self.optimizer,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "attn_implementation": self.attn_implementation,
+            "trainable_params": self.trainable_params,
+        }
+
+
+def config_of(model: Any) -> Any:
+    """The transformers config behind ``model``, or None for a plain ``nn.Module``."""
+    from torch import nn  # noqa: PLC0415
+
+    from torchfit.memory.estimator import _resolve_config  # noqa: PLC0415
+
+    if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
+        return None
+    return _resolve_config(model)
+
+
+def transformer_spec(model: Any) -> Any:
+    """The closed-form description of a text transformer; None for vision or plain modules."""
+    from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
+    from torchfit.memory.estimator import _is_vision  # noqa: PLC0415
+
+    config = config_of(model)
+    if config is None or _is_vision(config):
+        return None
+    return describe(config)
+
+
+def default_seq_len(model: Any, settings: Settings) -> Settings:
+    """Fill in what one sample is: the model's longest sequence, or its config's image."""
+    from torchfit.memory.estimator import _is_vision, vision_input_shape  # noqa: PLC0415
+
+    config = config_of(model)
+    if config is None:
+        raise ValueError("an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)")
+    if _is_vision(config):
+        return dataclasses.replace(settings, input_shape=vision_input_shape(config))
+    spec = transformer_spec(model)
+    return dataclasses.replace(settings, seq_len=spec.max_positions)
+
+
+def max_positions(model: Any, settings: Settings) -> int:
+    """The longest sequence the model takes (the planned one for a non-transformer)."""
+    spec = transformer_spec(model)
+    return spec.max_positions if spec is not None else settings.seq_len or 1

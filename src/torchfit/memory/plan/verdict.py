@@ -1,0 +1,327 @@
+"""Does it fit? `fits` turns an estimate and a card into a verdict, limits and advice.
+
+The estimate (analytic, `estimate`) is taken to the device with the allocator model
+(`to_device`: reserved bytes plus CUDA context), compared with the card's memory, and
+re-run for every knob a user could turn, so each piece of advice carries its own
+re-estimated figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit.memory.allocator import to_device
+from torchfit.memory.estimator import adapters_only, estimate
+from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.plan.advice import Advice, advise
+from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec
+from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.sharding import parse_strategy
+
+__all__ = ["Plan", "fits", "resolve_budget"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The verdict for one model on one card (or several).
+
+    Attributes:
+        fits: The device total (reserved + CUDA context) is within the card's memory.
+        estimate: The device-level `MemoryEstimate` of the planned step.
+        gpu: The card (the smallest one when several were given).
+        num_gpus: How many cards were given.
+        budget: Bytes available on one card.
+        headroom: ``budget - estimate.device_total`` (negative when it does not fit).
+        max_batch_size: Largest batch that fits with these settings (0 if none).
+        max_seq_len: Longest sequence at batch 1 that fits (transformers), else ``None``.
+        advice: Knobs that make it fit or fit more, each re-estimated, best first.
+        settings: What was estimated.
+    """
+
+    fits: bool
+    estimate: MemoryEstimate
+    gpu: GPU
+    num_gpus: int
+    budget: int
+    headroom: int
+    max_batch_size: int
+    max_seq_len: int | None
+    advice: tuple[Advice, ...]
+    settings: Settings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values, for ``--json``."""
+        return {
+            "fits": self.fits,
+            "gpu": self.gpu.name,
+            "num_gpus": self.num_gpus,
+            "budget": self.budget,
+            "headroom": self.headroom,
+            "max_batch_size": self.max_batch_size,
+            "max_seq_len": self.max_seq_len,
+            "estimate": self.estimate.to_dict(),
+            "advice": [a.to_dict() for a in self.advice],
+            "settings": dataclasses.asdict(self.settings),
+        }
+
+    def __str__(self) -> str:
+        """The breakdown, the verdict, the limits and the advice, as a report."""
+        s = self.settings
+        what = f"{s.model}, {s.mode}, {s.dtype}, batch {s.batch_size}"
+        what += f", seq {s.seq_len}" if s.seq_len else ""
+        what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
+        what += f", {s.optimizer}" if s.mode == "train" else ""
+        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        if s.strategy is not None:
+            cards += f" ({s.strategy}, per rank)"
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        lines = [
+            f"{what} on {cards} ({format_bytes(self.budget)})",
+            str(self.estimate),
+            f"verdict: {verdict} (headroom {format_bytes(self.headroom)})",
+            f"largest batch that fits: {self.max_batch_size}",
+        ]
+        if self.max_seq_len is not None:
+            lines.append(f"longest sequence at batch 1: {self.max_seq_len}")
+        if self.advice:
+            lines.append("advice (each re-estimated):")
+            lines += [f"  {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def resolve_budget(target: str | float | GPU | Sequence[str | GPU]) -> tuple[GPU, int]:
+    """The card to plan for and how many: a name, a `GPU`, a byte budget or a list.
+
+    A list plans for its smallest card (data parallelism replicates everything). A plain
+    budget (``12884901888`` or ``"12GiB"``) becomes a custom card of that size.
+    """
+    if isinstance(target, GPU):
+        return target, 1
+    if isinstance(target, list | tuple):
+        if not target:
+            raise ValueError("an empty list of GPUs was given; name at least one card")
+        cards = [resolve_budget(item)[0] for item in target]
+        return min(cards, key=lambda card: card.memory), len(cards)
+    if isinstance(target, int | float) and not isinstance(target, bool):
+        return GPU.custom("budget", memory=parse_bytes(target)), 1
+    if isinstance(target, str):
+        try:
+            return gpu(target), 1
+        except ValueError as card_error:
+            try:
+                return GPU.custom(target, memory=parse_bytes(target)), 1
+            except ValueError:
+                raise card_error from None
+    raise TypeError(
+        f"gpu must be a card name, a GPU, a byte budget or a list of cards; got {target!r}"
+    )
+
+
+def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
+    single = estimate(model, device="cuda", **settings.kwargs())
+    if settings.strategy is not None and settings.mode == "train":
+        single = _per_rank(model, settings, single)
+    return to_device(single, gpu=card)
+
+
+def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
+    """FSDP2's MixedPrecisionPolicy param dtype, checked: 16-bit, and only with FSDP."""
+    if param_dtype is None:
+        return None
+    kind = None if strategy is None else parse_strategy(strategy).value
+    chosen = parse_dtype(param_dtype)
+    if kind not in {"fsdp", "hsdp"} or chosen not in {DType.BF16, DType.FP16}:
+        raise ValueError(
+            f"param_dtype={str(param_dtype)!r} with strategy={strategy!r}: param_dtype is "
+            "FSDP2's MixedPrecisionPolicy(param_dtype=...), 'bf16' or 'fp16', with "
+            "strategy='fsdp'; drop it, or pass strategy='fsdp'"
+        )
+    return str(chosen.value)
+
+
+def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEstimate:
+    """The per-rank estimate under a data-parallel strategy (`shard_estimate`)."""
+    from torchfit.memory.sharding import shard_estimate  # noqa: PLC0415
+
+    spec = transformer_spec(model)
+    if spec is None or settings.strategy is None:
+        raise ValueError("strategy= needs a transformers config or a catalog name")
+    # the start of backward as its own moment: activations alive, no gradients yet
+    # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
+    frozen = adapters_only(settings.trainable_params, spec.num_params)
+    kwargs = {**settings.kwargs(), "trainable_params": 1, "frozen_base": frozen}
+    start = estimate(model, device="cuda", **kwargs)
+    block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
+    sharded = shard_estimate(
+        single,
+        strategy=settings.strategy,
+        backward_start=start,
+        world_size=settings.world_size,
+        params=settings.trainable_params or spec.num_params,
+        largest_layer_params=max(block, spec.embedding_params, spec.head_params),
+        offload_optimizer=settings.offload_optimizer,
+        offload_params=settings.offload_params,
+        gpus_per_node=settings.gpus_per_node,
+        **_policy(spec, settings),
+    )
+    if settings.param_dtype is None:
+        return sharded
+    policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.param_dtype}): 16-bit gathers"
+    return sharded.replace(notes=(*sharded.notes, policy))
+
+
+def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
+    """shard_estimate's arguments for a 16-bit FSDP2 MixedPrecisionPolicy (none without)."""
+    if settings.param_dtype is None:
+        return {}
+    from torchfit.memory.analytic.formulas import model_state_bytes  # noqa: PLC0415
+
+    copies = model_state_bytes(
+        params=spec.num_params,
+        dtype=settings.dtype,
+        mixed_precision=True,
+        autocast_params=spec.linear_params,
+    ).autocast_copies
+    # gathered 16-bit parameters feed autocast 16-bit tensors: its weight copies go away
+    return {"param_bytes": 2, "autocast_copies": copies}
+
+
+def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
+    """The largest n in [1, upper] with fits_at(n), assuming monotonicity; 0 if none."""
+    if upper < 1 or not fits_at(1):
+        return 0
+    low, high = 1, 2
+    while high <= upper and fits_at(high):
+        low, high = high, high * 2
+    high = min(high, upper + 1)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits_at(mid):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def fits(
+    model: Any,
+    gpu: str | float | GPU | Sequence[str | GPU],
+    *,
+    mode: str = "train",
+    dtype: str | DType = "auto",
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    optimizer: str | None = "adamw",
+    gradient_checkpointing: bool = False,
+    attn_implementation: str = "sdpa",
+    trainable_params: int | None = None,
+    strategy: str | None = None,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+    param_dtype: str | DType | None = None,
+    gpus_per_node: int | None = None,
+) -> Plan:
+    """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
+
+    Args:
+        model: A catalog name, a local config.json, a transformers config or model, or
+            an ``nn.Module`` (with ``input_shape``).
+        gpu: A card name (``"RTX 3060"``), a `GPU`, a byte budget (``"10GiB"``) or a list
+            of cards.
+        mode: ``"train"`` or ``"inference"``.
+        dtype: ``"auto"`` (bf16 where the card has native bf16, else fp16: mixed
+            precision in training), or ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"int8"``,
+            ``"nf4"``...
+        batch_size: The batch to check.
+        seq_len: Tokens per sample (transformers; the model's maximum by default).
+        input_shape: One sample's shape for non-transformer models.
+        optimizer: See `estimate`.
+        gradient_checkpointing: See `estimate`.
+        attn_implementation: ``"eager"``, ``"sdpa"`` or ``"flash"``.
+        trainable_params: Parameters that train (LoRA, frozen layers).
+        strategy: Training over the cards of a list: ``"ddp"``, ``"zero1"``, ``"zero2"``,
+            ``"fsdp"``/``"zero3"`` (`torchfit.memory.sharding`); the estimate is per rank,
+            with ``batch_size`` per rank.
+        offload_optimizer: With a ZeRO/FSDP ``strategy``: optimizer state and its step on
+            the CPU (DeepSpeed ZeRO-Offload, FSDP2 ``CPUOffloadPolicy``).
+        offload_params: With ``strategy="fsdp"``/``"zero3"``: parameter and gradient
+            shards on the CPU too.
+        param_dtype: With ``strategy="fsdp"``: FSDP2's
+            ``MixedPrecisionPolicy(param_dtype=...)`` (``"bf16"``/``"fp16"``): gathered
+            parameters are 16-bit, so autocast makes no weight copies.
+        gpus_per_node: GPUs per node for ``strategy="hsdp"`` (sharded within a node,
+            replicated across nodes), and for the host memory offloading needs per node.
+
+    Example:
+        >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
+        >>> plan.fits
+        False
+        >>> fits("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024).fits
+        True
+    """
+    card, count = resolve_budget(gpu)
+    if (offload_optimizer or offload_params) and strategy is None:
+        raise ValueError(
+            "offload_optimizer/offload_params move sharded state to the CPU and need a "
+            "strategy: pass strategy='fsdp' (or 'zero2'), with one card or several "
+            "(torchfit plan ... --gpus N --strategy fsdp --offload-optimizer)"
+        )
+    step = parse_mode(mode)
+    chosen = ("bf16" if card.bf16 else "fp16") if str(dtype) == "auto" else parse_dtype(dtype).value
+    opt = parse_optimizer(optimizer) if step is Mode.TRAIN else OptimizerName.NONE
+    settings = Settings(
+        model=model if isinstance(model, str) else type(model).__name__,
+        mode=step.value,
+        dtype=chosen,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        input_shape=input_shape,
+        optimizer=opt.value,
+        gradient_checkpointing=gradient_checkpointing,
+        attn_implementation=attn_implementation,
+        trainable_params=trainable_params,
+        strategy=None if strategy is None else parse_strategy(strategy).value,
+        world_size=count,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        param_dtype=_shard_param_dtype(param_dtype, strategy),
+        gpus_per_node=gpus_per_node,
+    )
+    if seq_len is None and input_shape is None:
+        settings = default_seq_len(model, settings)
+    current = _device_estimate(model, settings, card)
+
+    def fits_with(**changes: Any) -> bool:
+        changed = dataclasses.replace(settings, **changes)
+        return _device_estimate(model, changed, card).device_total <= card.memory
+
+    max_batch = _largest(lambda b: fits_with(batch_size=b), 1 << 20)
+    max_seq = None
+    if settings.seq_len is not None:
+        max_seq = _largest(
+            lambda s: fits_with(batch_size=1, seq_len=s), max_positions(model, settings)
+        )
+    advice = advise(
+        lambda changes: _device_estimate(model, dataclasses.replace(settings, **changes), card),
+        settings=settings,
+        current=current,
+        card=card,
+        num_gpus=count,
+    )
+    return Plan(
+        fits=current.device_total <= card.memory,
+        estimate=current,
+        gpu=card,
+        num_gpus=count,
+        budget=card.memory,
+        headroom=card.memory - current.device_total,
+        max_batch_size=max_batch,
+        max_seq_len=max_seq,
+        advice=advice,
+        settings=settings,
+    )

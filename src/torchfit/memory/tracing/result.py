@@ -1,0 +1,182 @@
+"""`Trace`: the full result of a traced step, and how it is built from the tracker."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from torchfit.memory.result import LayerMemory, MemoryEstimate
+from torchfit.memory.tracing.tracker import Tracker
+
+__all__ = ["Event", "Trace", "TracedStorage", "build_trace"]
+
+#: One allocator event: ``("alloc", id, nbytes)`` or ``("free", id)``.
+Event = tuple[str, int] | tuple[str, int, int]
+
+_CATEGORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "workspace")
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedStorage:
+    """One storage of the traced step.
+
+    Attributes:
+        id: Its id in `Trace.events`.
+        nbytes: Bytes as the target allocator counts them (rounded to 512 for CUDA).
+        raw: The storage's own size.
+        category: Its category at the peak (or when it was freed, if before):
+            ``weights``, ``gradients``, ``optimizer``, ``activations`` or ``workspace``.
+        module: The module that allocated it (``"(inputs)"``, ``"(weights)"`` ... for
+            what existed before the step); in backward, the module and autograd node.
+        phase: ``start``, ``forward``, ``loss``, ``backward``, ``optimizer`` or
+            ``after step``.
+        op: The ATen op that allocated it (``"<op> scratch"`` for modelled kernel scratch).
+    """
+
+    id: int
+    nbytes: int
+    raw: int
+    category: str
+    module: str
+    phase: str
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """A traced step: the estimate, plus every allocation and free in time order.
+
+    ``events`` is the list another tool can replay: ``("alloc", id, nbytes)`` and
+    ``("free", id)``, starting with one ``alloc`` per storage alive when the step starts
+    (weights, gradients kept by ``set_to_none=False``, optimizer state, inputs). The
+    running sum of live bytes peaks at `peak` (``== estimate.total``), reached at
+    ``events[peak_index]``. Kernel scratch modelled by a rule appears as an ``alloc``
+    immediately followed by its ``free``. Storages still alive at the end have no
+    ``free``.
+
+    Attributes:
+        estimate: The `MemoryEstimate` at the peak.
+        events: Allocation and free events, in order.
+        storages: What each event id is (`TracedStorage`), in id order.
+        peak: Peak live bytes of the step.
+        peak_index: Index in ``events`` of the allocation that reached the peak
+            (``-1`` when nothing was allocated).
+        ops: ATen ops traced in the measured step.
+        device: The target device (``"cpu"`` or ``"cuda"``).
+    """
+
+    estimate: MemoryEstimate
+    events: tuple[Event, ...]
+    storages: tuple[TracedStorage, ...]
+    peak: int
+    peak_index: int
+    ops: int
+    device: str
+
+    def __str__(self) -> str:
+        """The estimate, then the modules holding the most bytes at the peak."""
+        head = f"Trace ({self.device}): {self.ops} ops, {len(self.events)} events"
+        table = self.estimate.layer_table(top=10)
+        return f"{head}\n{self.estimate}\nat the peak, by module:\n{table}"
+
+    def allocator_events(self) -> list[tuple[int, int] | tuple[int]]:
+        """The events as ``torchfit.memory.allocator.replay`` takes them.
+
+        ``(id, nbytes)`` for an allocation and ``(id,)`` for a free, in the same order.
+        """
+        return [(e[1], e[2]) if e[0] == "alloc" else (e[1],) for e in self.events]  # type: ignore[misc]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values: the estimate, events as lists, storages as dicts."""
+        return {
+            "estimate": self.estimate.to_dict(),
+            "events": [list(event) for event in self.events],
+            "storages": [dataclasses.asdict(storage) for storage in self.storages],
+            "peak": self.peak,
+            "peak_index": self.peak_index,
+            "ops": self.ops,
+            "device": self.device,
+        }
+
+
+def _live_at_peak(tracker: Tracker) -> dict[int, str]:
+    """Storage id -> category, for the storages alive at the peak."""
+    tags = collections.defaultdict(list)
+    for index, storage_id, category in tracker.tags:
+        tags[index].append((storage_id, category))
+    live: dict[int, str] = {}
+    for index, event in enumerate(tracker.events[: tracker.peak_index + 1]):
+        for storage_id, category in tags.get(index, ()):
+            if storage_id in live:
+                live[storage_id] = category
+        if event[0] == "alloc":
+            live[event[1]] = tracker.history[event[1]][1]
+        else:
+            live.pop(event[1], None)
+    return live
+
+
+def _layers(
+    tracker: Tracker, live: dict[int, str], kinds: dict[str, str]
+) -> tuple[LayerMemory, ...]:
+    """Activation bytes alive at the peak, grouped by the module that allocated them."""
+    total: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    phases: dict[str, set[str]] = collections.defaultdict(set)
+    for storage_id, category in live.items():
+        if category != "activations":
+            continue
+        raw, _, module, phase, _ = tracker.history[storage_id]
+        name = module or "(loss)"
+        total[name] += raw
+        count[name] += 1
+        phases[name].add(phase)
+    rows = []
+    for name, nbytes in total.most_common():
+        kind = kinds.get(name, "inputs" if name == "(inputs)" else "")
+        detail = f"{count[name]} tensor(s) from {', '.join(sorted(phases[name]))}"
+        rows.append(LayerMemory(name=name, kind=kind, activations=nbytes, detail=detail))
+    return tuple(rows)
+
+
+def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[str, str]) -> Trace:
+    """Turn a finished tracker into a `Trace` (breakdown and module rows at the peak)."""
+    live = _live_at_peak(tracker)
+    by_category: collections.Counter[str] = collections.Counter()
+    rounding = 0
+    for storage_id, category in live.items():
+        raw = tracker.history[storage_id][0]
+        by_category[category] += raw
+        rounding += tracker._rounded(raw) - raw  # noqa: SLF001 - same module family
+    fields = {name: by_category[name] for name in _CATEGORY_FIELDS}
+    estimate = MemoryEstimate(
+        **fields,
+        overhead=rounding,
+        device=device,
+        notes=tuple(notes),
+        layers=_layers(tracker, live, kinds),
+        peak_at=tracker.peak_where,
+    )
+    final = {storage_id: category for _, storage_id, category in tracker.tags}
+    storages = tuple(
+        TracedStorage(
+            id=storage_id,
+            nbytes=tracker._rounded(raw),  # noqa: SLF001
+            raw=raw,
+            category=live.get(storage_id, final.get(storage_id, category)),
+            module=module,
+            phase=phase,
+            op=op,
+        )
+        for storage_id, (raw, category, module, phase, op) in sorted(tracker.history.items())
+    )
+    return Trace(
+        estimate=estimate,
+        events=tuple(tracker.events),
+        storages=storages,
+        peak=tracker.peak,
+        peak_index=tracker.peak_index,
+        ops=tracker.ops,
+        device=device,
+    )

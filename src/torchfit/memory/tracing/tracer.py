@@ -1,0 +1,367 @@
+"""The traced estimator: run the real step on fake tensors and count live storages.
+
+The analytic estimator explains; this one is exact for the code that really runs: the
+user's own forward, loss, backward and optimizer step (`torchfit._core.step.run_step`, the
+step `measure_step` measures) execute on fake copies of the model, optimizer and inputs
+(``torch._subclasses.fake_tensor.FakeTensorMode``), so nothing is allocated and no GPU
+is needed. A dispatch-level tracker registers every storage an op creates and learns of
+every free, so the result is the peak of live bytes of the step, broken down by category
+at the moment of the peak, with the modules that hold the most.
+
+One warm-up step runs first, so that optimizer state exists, and its peak is excluded:
+the estimate is the steady-state peak, directly comparable with
+``measure_step(model, inputs, ...).peak`` (which includes the model, optimizer state
+and inputs alive at the start).
+
+What fake tensors cannot see is modelled explicitly: kernel scratch of CPU kernels
+(`torchfit.memory.kernels.cpu`, one measured rule per op), and for ``device="cuda"`` the
+allocator's 512-byte blocks, the fused SDPA kernels and the ``foreach`` optimizers
+(`torchfit.memory.kernels.cuda`). The estimate's ``notes`` list the rules applied.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from torchfit._core.step import (
+    Mode,
+    OptimizerFactory,
+    make_optimizer,
+    parse_mode,
+    run_step,
+)
+from torchfit._core.tensors import check_materialized
+from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.tracing.fake import reachable_tensors
+from torchfit.memory.tracing.result import Trace
+from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
+
+if TYPE_CHECKING:
+    from torchfit.memory.gpus import GPU
+
+__all__ = ["TraceDevice", "trace", "trace_events", "trace_step"]
+
+
+class TraceDevice(enum.StrEnum):
+    """The device whose allocations a trace predicts."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def _parse_device(value: str | TraceDevice) -> TraceDevice:
+    key = str(value).strip().lower()
+    key = key.split(":", 1)[0]  # "cuda:0" -> "cuda"
+    try:
+        return TraceDevice(key)
+    except ValueError:
+        raise ValueError(
+            f"unsupported trace device {value!r}; expected 'cpu' or 'cuda' (the trace runs "
+            "on fake CPU tensors and models the target device's allocator)"
+        ) from None
+
+
+def _model_baseline(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, inputs: object
+) -> Callable[[], list[tuple[torch.Tensor, str, str]]]:
+    """What the step starts with, categorized the way `measure_step` tracks it."""
+
+    def baseline() -> list[tuple[torch.Tensor, str, str]]:
+        params = list(model.parameters())
+        rows = [(t, "weights", "(weights)") for t in (*params, *model.buffers())]
+        rows += [(p.grad, "gradients", "(gradients)") for p in params if p.grad is not None]
+        if optimizer is not None:
+            for state in optimizer.state.values():
+                rows += [(t, "optimizer", "(optimizer)") for t in reachable_tensors(state)]
+        rows += [(t, "activations", "(inputs)") for t in reachable_tensors(inputs)]
+        return rows
+
+    return baseline
+
+
+def trace_events(
+    model: nn.Module,
+    example_inputs: object,
+    *,
+    mode: str = "train",
+    optimizer: str | OptimizerFactory | torch.optim.Optimizer | None = "adamw",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    set_to_none: bool = True,
+    device: str = "cpu",
+    progress: bool = False,
+) -> Trace:
+    """Trace one step of ``model`` and return everything: estimate, events, storages.
+
+    Takes the same arguments as `trace`; see there. The `Trace` adds the time-ordered
+    allocation events (``("alloc", id, nbytes)``, ``("free", id)``) that an allocator
+    model can replay, and what each storage is.
+
+    Example:
+        >>> net = torch.nn.Linear(64, 64)
+        >>> t = trace_events(net, torch.randn(8, 64), optimizer="sgd")
+        >>> t.peak == t.estimate.total
+        True
+        >>> t.events[0][0]
+        'alloc'
+    """
+    check_materialized(model, what="trace")
+    _check_no_quantized_parameters(model)
+    step_mode = parse_mode(mode)
+    target = _parse_device(device)
+    training = step_mode is Mode.TRAIN
+    fake_mode = new_fake_mode()
+    fake_opt: torch.optim.Optimizer | None
+    if isinstance(optimizer, torch.optim.Optimizer):
+        fake_model, fake_opt, fake_inputs = copy_to_fake(
+            (model, optimizer, example_inputs), fake_mode
+        )
+    else:
+        fake_model, fake_inputs = copy_to_fake((model, example_inputs), fake_mode)
+        fake_opt = None
+        if training:
+            with fake_mode:
+                fake_opt = make_optimizer(optimizer, fake_model.parameters())
+    fake_model.train(training)
+    step = functools.partial(
+        run_step,
+        fake_model,
+        fake_inputs,
+        mode=step_mode,
+        optimizer=fake_opt,
+        loss_fn=loss_fn,
+        set_to_none=set_to_none,
+        autocast_dtype=autocast_dtype,
+    )
+    if training:
+        what = type(fake_opt).__name__ if fake_opt is not None else "no optimizer"
+        describe = f"forward, loss, backward, {what} step, zero_grad(set_to_none={set_to_none})"
+    else:
+        describe = "forward under torch.inference_mode"
+    if autocast_dtype is not None:
+        describe += (
+            f"; torch.autocast('cpu', dtype={autocast_dtype}) around forward and loss only, "
+            "as PyTorch recommends"
+        )
+    session = Session(
+        objects=(fake_model, fake_opt, fake_inputs),
+        modules=[("", fake_model)],
+        step=step,
+        baseline=_model_baseline(fake_model, fake_opt, fake_inputs),
+        device=target.value,
+        warmup=1 if training else 0,
+        autocast_dtype=None,  # scoped inside the step: run_step wraps forward and loss
+        progress=progress,
+        describe=describe,
+        fake_mode=fake_mode,
+    )
+    return run_session(session)
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: object,
+    *,
+    mode: str = "train",
+    optimizer: str | OptimizerFactory | torch.optim.Optimizer | None = "adamw",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    set_to_none: bool = True,
+    device: str = "cpu",
+    progress: bool = False,
+    gpu: str | GPU | None = None,
+) -> MemoryEstimate:
+    """Predict the peak memory of one step by running it on fake tensors.
+
+    The step is torchfit's step (`measure_step` measures the same one): forward; the
+    loss is ``output.loss`` when present, else ``loss_fn(output)``, else a sum of the
+    output; backward; ``optimizer.step()``; ``zero_grad(set_to_none=...)``. One warm-up
+    step runs first so that optimizer state exists; its peak is excluded. Nothing of
+    ``model`` (parameters, buffers, gradients, training flag), of an optimizer passed in,
+    of the inputs or of the RNG state is changed, and no memory is allocated for the
+    tensors of the step, so a 7B model built on the meta device traces on a laptop.
+
+    Args:
+        model: The model: real, or built on the meta device
+            (``torch.device("meta")``, ``accelerate.init_empty_weights()``).
+        example_inputs: A tensor, a tuple (positional) or a dict (keyword arguments):
+            one batch. Meta tensors are accepted.
+        mode: ``"train"`` or ``"inference"`` (forward under ``torch.inference_mode``).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"`` (PyTorch
+            defaults), a factory ``lambda params: torch.optim.SGD(params, lr=0.1)``, an
+            optimizer over ``model``'s parameters (copied, never stepped), or ``None``.
+        loss_fn: Makes the loss from the output when it has no ``.loss``.
+        autocast_dtype: Run forward and loss under ``torch.autocast("cpu",
+            dtype=...)``, e.g. ``torch.bfloat16``; backward and the optimizer step run
+            outside it, as PyTorch recommends.
+        set_to_none: Passed to ``zero_grad``: ``False`` keeps gradients alive between
+            steps, and the estimate counts them.
+        device: The device to predict: ``"cpu"`` (exact CPU allocator bytes plus
+            measured kernel-scratch rules) or ``"cuda"`` (512-byte blocks, fused SDPA,
+            ``foreach`` optimizers; see the notes), with ``reserved`` from replaying the
+            allocation sequence through the caching-allocator model, the CUDA context and
+            the cuBLAS workspace (`torchfit.memory.allocator.to_device`).
+        progress: Show a tqdm progress bar (needs tqdm).
+        gpu: With ``device="cuda"``: the card (name or `GPU`), for its CUDA context and
+            cuBLAS workspace; ``None``: the defaults for an unknown card.
+
+    Returns:
+        A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
+        (made in forward and alive at the peak), workspace (backward, optimizer and
+        kernel transients), overhead (CUDA rounding); ``layers`` lists the modules whose
+        activations are alive at the peak, ``peak_at`` says where it happens, ``notes``
+        which rules were applied.
+
+    Raises:
+        RuntimeError: The step cannot run on fake tensors (an op whose output shape or
+            control flow depends on data, a custom kernel without a fake
+            implementation); the message names the op and points to
+            ``torchfit.memory.estimate``.
+        ValueError: An unknown ``mode``, ``optimizer`` or ``device``.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+        >>> est = trace(net, torch.randn(32, 256), optimizer="adamw")
+        >>> est.weights == 4 * (256 * 256 + 256)
+        True
+        >>> est.device, est.total > 3 * est.weights
+        ('cpu', True)
+    """
+    result = trace_events(
+        model,
+        example_inputs,
+        mode=mode,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        autocast_dtype=autocast_dtype,
+        set_to_none=set_to_none,
+        device=device,
+        progress=progress,
+    )
+    if device != "cuda":
+        return result.estimate
+    from torchfit.memory.allocator import to_device  # noqa: PLC0415 - light, but only for CUDA
+
+    # the exact allocation sequence gives the allocator's reserved bytes by replay;
+    # to_device also adds the cuBLAS workspace the tracer leaves out
+    estimate = result.estimate.replace(
+        notes=tuple(n for n in result.estimate.notes if "workspaces are not in" not in n)
+    )
+    return to_device(estimate, gpu=gpu, events=result.allocator_events())
+
+
+def _step_baseline(objects: tuple[Any, ...]) -> Callable[[], list[tuple[torch.Tensor, str, str]]]:
+    """trace_step: categories of what the user's objects hold when the step starts."""
+
+    def baseline() -> list[tuple[torch.Tensor, str, str]]:
+        leaves = _flatten(objects)
+        rows: list[tuple[torch.Tensor, str, str]] = []
+        for module in (m for m in leaves if isinstance(m, nn.Module)):
+            rows += [(t, "weights", "(weights)") for t in (*module.parameters(), *module.buffers())]
+        tensors = list(reachable_tensors(objects))
+        rows += [(t, "weights", "(weights)") for t in tensors if isinstance(t, nn.Parameter)]
+        rows += [(t.grad, "gradients", "(gradients)") for t in tensors if t.grad is not None]
+        for opt in (o for o in leaves if isinstance(o, torch.optim.Optimizer)):
+            for state in opt.state.values():
+                rows += [(t, "optimizer", "(optimizer)") for t in reachable_tensors(state)]
+        rows += [(t, "activations", "(inputs)") for t in tensors]
+        return rows
+
+    return baseline
+
+
+def _flatten(obj: object) -> list[Any]:
+    if isinstance(obj, dict):
+        return [leaf for value in obj.values() for leaf in _flatten(value)]
+    if isinstance(obj, list | tuple):
+        return [leaf for value in obj for leaf in _flatten(value)]
+    return [obj]
+
+
+def trace_step(
+    fn: Callable[..., object],
+    *args: Any,
+    device: str = "cpu",
+    warmup: int = 1,
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    **kwargs: Any,
+) -> Trace:
+    """Trace the user's own training step ``fn(*args, **kwargs)`` on fake copies.
+
+    Modules, optimizers and tensors in ``args``/``kwargs`` (also inside lists, tuples
+    and dicts) are copied together to fake tensors, so an optimizer still points at its
+    model's parameters; ``fn`` runs ``warmup`` times, then once more while every
+    allocation is recorded. The user's objects are never touched. ``device``,
+    ``warmup``, ``autocast_dtype`` and ``progress`` are options of the trace; every
+    other keyword goes to ``fn``.
+
+    Args:
+        fn: One step, e.g. ``def step(model, opt, x, y): ...`` doing forward, loss,
+            backward and ``opt.step()``.
+        *args: Passed to ``fn`` (as fake copies).
+        device: ``"cpu"`` or ``"cuda"``, as in `trace`.
+        warmup: Steps run before the measured one (1: optimizer state exists).
+        autocast_dtype: Run under ``torch.autocast("cpu", dtype=...)``.
+        progress: Show a tqdm progress bar.
+        **kwargs: Passed to ``fn`` (as fake copies).
+
+    Returns:
+        A `Trace`; its ``estimate`` compares with ``measure_peak(fn, *args,
+        track=args)`` run after the same warm-up.
+
+    Raises:
+        RuntimeError: ``fn`` runs an op fake tensors cannot run (see `trace`).
+
+    Example:
+        >>> def step(model, opt, x):
+        ...     model(x).square().mean().backward()
+        ...     opt.step()
+        ...     opt.zero_grad()
+        >>> net = torch.nn.Linear(32, 32)
+        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        >>> t = trace_step(step, net, opt, torch.randn(16, 32))
+        >>> t.estimate.optimizer == 4 * (32 * 32 + 32)  # momentum buffers
+        True
+    """
+    target = _parse_device(device)
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0 steps; got {warmup}")
+    fake_mode = new_fake_mode()
+    fake_args, fake_kwargs = copy_to_fake((args, kwargs), fake_mode)
+    objects = (fake_args, fake_kwargs)
+    found = [(f"arg{i}", m) for i, m in enumerate(fake_args) if isinstance(m, nn.Module)]
+    found += [(k, m) for k, m in fake_kwargs.items() if isinstance(m, nn.Module)]
+    modules = [("", found[0][1])] if len(found) == 1 else found
+    session = Session(
+        objects=objects,
+        modules=modules,
+        step=lambda: fn(*fake_args, **fake_kwargs),
+        baseline=_step_baseline(objects),
+        device=target.value,
+        warmup=warmup,
+        autocast_dtype=autocast_dtype,
+        progress=progress,
+        describe=f"the user's step {getattr(fn, '__qualname__', repr(fn))}",
+        fake_mode=fake_mode,
+    )
+    return run_session(session)
+
+
+def _check_no_quantized_parameters(model: nn.Module) -> None:
+    """Refuse bitsandbytes' parameter subclasses, which cannot become fake tensors."""
+    for name, param in model.named_parameters():
+        kind = type(param)
+        if kind.__module__.startswith("bitsandbytes"):
+            raise TypeError(
+                f"parameter {name!r} is a bitsandbytes {kind.__name__} (a 4/8-bit layer), "
+                "which trace cannot copy to fake tensors. Estimate the quantized model with "
+                "torchfit.memory.estimate(config, dtype='nf4' or 'int8', trainable_params=...), "
+                "or measure a real step with measure_step(model, inputs)"
+            )
