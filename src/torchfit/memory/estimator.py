@@ -118,7 +118,7 @@ def estimate(
     from torch import nn  # noqa: PLC0415 - torch is always there; keeps the branch readable
 
     if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
-        from torchfit.memory.modules.saved import estimate_module  # noqa: PLC0415
+        from torchfit.memory.modules.peak import estimate_module  # noqa: PLC0415
 
         if input_shape is None:
             raise ValueError(
@@ -211,7 +211,7 @@ def _estimate_vision(
 ) -> MemoryEstimate:
     """CNNs and vision transformers from a config: a meta-device build, then a meta pass."""
     from torchfit.memory.catalog import build_model  # noqa: PLC0415
-    from torchfit.memory.modules.saved import estimate_module  # noqa: PLC0415
+    from torchfit.memory.modules.peak import estimate_module  # noqa: PLC0415
 
     shape = input_shape or vision_input_shape(config)
     model = build_model(config, device="meta", dtype="fp32")

@@ -1,12 +1,7 @@
-"""What a model keeps for backward, layer by layer, from one meta-device pass of any nn.Module."""
+"""What any ``nn.Module`` keeps for backward, from one meta-device pass, and the step's peak."""
 
-from torchfit.memory.modules.saved import (
-    ActivationReport,
-    LayerRecord,
-    activation_bytes,
-    estimate_module,
-    inference_peak,
-)
+from torchfit.memory.modules.peak import estimate_module, inference_peak
+from torchfit.memory.modules.saved import ActivationReport, LayerRecord, activation_bytes
 
 __all__ = [
     "ActivationReport",
