@@ -8,7 +8,7 @@ from torch import nn
 
 from torchfit.memory import measure_step
 from torchfit.memory.analytic.arch import describe
-from torchfit.memory.estimator import estimate
+from torchfit.memory import estimate
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchfit._core.units import format_bytes, parse_bytes
-from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator, budget_of
+from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import budget_of
 from torchfit.memory.result import AffineEstimate, MemoryEstimate
 
 __all__ = [

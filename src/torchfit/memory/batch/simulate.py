@@ -36,9 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.units import format_bytes, parse_bytes
-from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import budget_of
 
-__all__ = ["SimulatedGPU", "active_simulator", "budget_of", "paused", "simulate_gpu"]
+__all__ = ["SimulatedGPU", "active_simulator", "paused", "simulate_gpu"]
 
 # CUDA's caching allocator rounds every block up to 512 bytes (kMinBlockSize in
 # c10/cuda/CUDACachingAllocator.cpp; FACTS.md), so memory_allocated counts rounded blocks.
@@ -54,31 +55,6 @@ _ACTIVE: list[SimulatedGPU] = []
 
 def _rounded(nbytes: int) -> int:
     return -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
-
-
-def budget_of(value: int | str | GPU) -> tuple[int, str]:
-    """Bytes and a display name for a budget: a byte count, a size string, a `GPU` or a name.
-
-    Example:
-        >>> budget_of("12GB")
-        (12000000000, '12GB')
-    """
-    if isinstance(value, GPU):
-        return int(value.memory), value.name
-    if isinstance(value, str):
-        try:
-            return parse_bytes(value), value.strip()
-        except ValueError as size_error:
-            try:
-                card = gpu(value)
-            except (KeyError, ValueError):
-                raise ValueError(
-                    f"cannot read {value!r} as a memory budget: it is neither a size such as "
-                    "'12GB' nor a GPU name torchfit knows; pass bytes, a size string or a "
-                    "torchfit.memory.GPU"
-                ) from size_error
-            return int(card.memory), card.name
-    return parse_bytes(value), format_bytes(parse_bytes(value))
 
 
 def _storage_of(tensor: torch.Tensor) -> torch.UntypedStorage | None:

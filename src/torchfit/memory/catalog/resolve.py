@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from transformers import PretrainedConfig
 
-__all__ = ["build_model", "count_parameters", "model_config"]
+__all__ = ["build_model", "is_vision", "model_config", "resolve_config", "vision_input_shape"]
 
 _AUTO_CLASS: dict[ModelTask, str] = {
     ModelTask.CAUSAL_LM: "AutoModelForCausalLM",
@@ -181,6 +181,7 @@ def build_model(
         >>> model = build_model("gpt2")
         >>> type(model).__name__, next(model.parameters()).device
         ('GPT2LMHeadModel', device(type='meta'))
+        >>> from torchfit.memory import count_parameters
         >>> count_parameters(model)
         124439808
         >>> next(build_model("llama-3-8b").parameters()).dtype
@@ -255,48 +256,29 @@ def _infer_task(config: Any) -> ModelTask:
     return ModelTask.ENCODER
 
 
-def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
-    """The exact number of distinct parameters: tied or shared weights count once.
+def resolve_config(model: Any) -> Any:
+    """A transformers config from a config, a transformers model, a name or a folder."""
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        return model  # a transformers config
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "model_type"):
+        return config  # a transformers model: its config describes it
+    return model_config(model)
 
-    A parameter registered under two names (a tied LM head) is one parameter. On real
-    devices, two parameter objects that view the same storage with the same offset,
-    shape and strides are also counted once; meta tensors have no storage, so there
-    only identity ties are seen.
 
-    Args:
-        model: Any ``nn.Module``, on any device (meta included).
-        trainable_only: Count only parameters with ``requires_grad``.
+def is_vision(config: Any) -> bool:
+    """Whether a config describes an image model (it has channels or an image size)."""
+    return hasattr(config, "num_channels") or hasattr(config, "image_size")
+
+
+def vision_input_shape(config: Any) -> tuple[int, int, int]:
+    """One image as the config describes it: ``(num_channels, image_size, image_size)``.
 
     Example:
-        >>> lin = nn.Linear(4, 4)
-        >>> tied = nn.ModuleDict({"a": lin, "b": nn.Linear(4, 4)})
-        >>> tied["b"].weight = lin.weight
-        >>> count_parameters(tied)  # 16 shared weights + 2 biases of 4
-        24
+        >>> from transformers import ResNetConfig
+        >>> vision_input_shape(ResNetConfig())
+        (3, 224, 224)
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"count_parameters needs an nn.Module; got {type(model).__name__}")
-    seen: set[tuple[Any, ...]] = set()
-    total = 0
-    for param in model.parameters():  # already yields each Parameter object once
-        if trainable_only and not param.requires_grad:
-            continue
-        key = _storage_key(param)
-        if key is not None:
-            if key in seen:
-                continue
-            seen.add(key)
-        total += param.numel()
-    return total
-
-
-def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return None
-    try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or otherwise storage-less tensors
-        return None
-    if pointer == 0:
-        return None
-    return (tensor.device, pointer, tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+    size = getattr(config, "image_size", 224)
+    size = size[0] if isinstance(size, list | tuple) else size
+    return (int(getattr(config, "num_channels", 3)), int(size), int(size))

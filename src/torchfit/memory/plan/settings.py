@@ -48,32 +48,32 @@ def config_of(model: Any) -> Any:
     """The transformers config behind ``model``, or None for a plain ``nn.Module``."""
     from torch import nn  # noqa: PLC0415
 
-    from torchfit.memory.estimator import _resolve_config  # noqa: PLC0415
+    from torchfit.memory.catalog.resolve import resolve_config  # noqa: PLC0415
 
     if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
         return None
-    return _resolve_config(model)
+    return resolve_config(model)
 
 
 def transformer_spec(model: Any) -> Any:
     """The closed-form description of a text transformer; None for vision or plain modules."""
     from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
-    from torchfit.memory.estimator import _is_vision  # noqa: PLC0415
+    from torchfit.memory.catalog.resolve import is_vision  # noqa: PLC0415
 
     config = config_of(model)
-    if config is None or _is_vision(config):
+    if config is None or is_vision(config):
         return None
     return describe(config)
 
 
 def default_seq_len(model: Any, settings: Settings) -> Settings:
     """Fill in what one sample is: the model's longest sequence, or its config's image."""
-    from torchfit.memory.estimator import _is_vision, vision_input_shape  # noqa: PLC0415
+    from torchfit.memory.catalog.resolve import is_vision, vision_input_shape  # noqa: PLC0415
 
     config = config_of(model)
     if config is None:
         raise ValueError("an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)")
-    if _is_vision(config):
+    if is_vision(config):
         return dataclasses.replace(settings, input_shape=vision_input_shape(config))
     spec = transformer_spec(model)
     return dataclasses.replace(settings, seq_len=spec.max_positions)

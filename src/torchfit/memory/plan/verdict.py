@@ -15,7 +15,8 @@ from typing import Any
 from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
-from torchfit.memory.estimator import adapters_only, estimate
+from torchfit.memory.analytic.transformer import adapters_only
+from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec

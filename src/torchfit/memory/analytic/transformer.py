@@ -1,0 +1,283 @@
+"""The closed-form estimate of a transformer: training and inference peaks, block by block.
+
+The peak of a training step is the larger of two moments (the tests check both):
+
+* the start of backward: weights, optimizer state, every saved activation, and the
+  loss's two logits-sized fp32 gradients;
+* the optimizer step: weights, optimizer state, all gradients, and the optimizer's
+  temporaries (``foreach`` lists on CUDA, one tensor at a time on CPU).
+
+Between the two, activations are freed as gradients appear, so the line between them
+holds no higher point. Inference keeps no activations: weights, the KV cache when the
+model returns one, the logits, and the largest transient of one block.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.units import DType, parse_dtype
+from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.blocks import (
+    BlockSettings,
+    block_terms,
+    head_terms,
+    inference_transient,
+    mlp_backward_width,
+)
+from torchfit.memory.analytic.formulas import (
+    FP32,
+    INT64,
+    ModelStates,
+    kv_cache_bytes,
+    model_state_bytes,
+    parse_attention,
+)
+from torchfit.memory.result import LayerMemory, MemoryEstimate
+
+__all__ = ["adapters_only", "elem_of", "estimate_transformer"]
+
+#: Fewer than 1/10 of the parameters training is taken as adapters over a frozen base.
+_ADAPTER_SHARE = 10
+
+
+def adapters_only(trainable: int | None, params: int) -> bool:
+    """Whether ``trainable`` of ``params`` parameters look like adapters (LoRA) on a frozen base.
+
+    Example:
+        >>> adapters_only(4_000_000, 7_000_000_000), adapters_only(None, 10)
+        (True, False)
+    """
+    return trainable is not None and trainable * _ADAPTER_SHARE <= params
+
+
+def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure helper
+    """Bytes per parameter element: fp32 master weights under mixed precision."""
+    return FP32 if mixed or compute is DType.TF32 else compute.itemsize
+
+
+def _largest_tensor(spec: TransformerSpec) -> int:
+    """Elements of the largest parameter tensor (the embedding or the MLP weight)."""
+    return max(spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2)
+
+
+def estimate_transformer(
+    spec: TransformerSpec,
+    *,
+    batch_size: int,
+    seq_len: int,
+    dtype: str | DType = "fp32",
+    mode: str = "train",
+    optimizer: str | OptimizerName | None = "adamw",
+    gradient_checkpointing: bool = False,
+    attn_implementation: str = "sdpa",
+    mixed_precision: bool | None = None,
+    trainable_params: int | None = None,
+    use_cache: bool | None = None,
+    device: str = "cuda",
+    frozen_base: bool | None = None,
+) -> MemoryEstimate:
+    """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+        raise ValueError(f"seq_len must be a positive integer; got {seq_len!r}")
+    if seq_len > spec.max_positions:
+        raise ValueError(
+            f"seq_len={seq_len} is beyond this model's {spec.max_positions} positions; "
+            f"use seq_len <= {spec.max_positions}"
+        )
+    step = parse_mode(mode)
+    training = step is Mode.TRAIN
+    weights_format = parse_dtype(dtype)
+    compute = DType.BF16 if weights_format.is_quantized else weights_format
+    mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
+    opt = parse_optimizer(optimizer) if training else OptimizerName.NONE
+    notes: list[str] = []
+
+    trainable = spec.num_params if trainable_params is None else trainable_params
+    if weights_format.is_quantized and training and trainable_params is None:
+        raise ValueError(
+            f"training with {weights_format.value} weights needs adapters: pass "
+            "trainable_params=<LoRA parameters> (torchfit plan: --trainable-params N); the "
+            "quantized base stays frozen"
+        )
+    states = model_state_bytes(
+        params=spec.num_params,
+        trainable=trainable,
+        dtype=compute,
+        mixed_precision=mixed,
+        optimizer=opt,
+        training=training,
+        num_tensors=spec.num_tensors if trainable == spec.num_params else 0,
+        # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
+        # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
+        autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
+    )
+    weights = states.weights
+    if weights_format.is_quantized:
+        from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
+
+        weights = quantized_weight_bytes(spec, weights_format, compute)
+        if training:  # the adapters, at full precision beside the frozen quantized base
+            weights += math.ceil(trainable * (4 if mixed else compute.itemsize))
+        notes.append(
+            f"block weights in {weights_format.value}; embeddings, norms, head in {compute.value}"
+        )
+    if weights_format.is_quantized and training:
+        notes.append(f"adapters ({trainable:,} parameters): {states.note}")
+    elif not weights_format.is_quantized:  # quantized inference: said above
+        notes.append(states.note)
+
+    settings = BlockSettings(
+        dtype=compute,
+        attention=parse_attention(attn_implementation),
+        device=device,
+        training=training,
+        frozen_base=training
+        and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
+    )
+    if not training:
+        return _inference(
+            spec,
+            settings,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            weights=weights,
+            use_cache=use_cache,
+            notes=notes,
+        )
+
+    return _training_peak(
+        spec,
+        settings,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        weights=weights,
+        states=states,
+        optimizer=opt,
+        mixed=mixed,
+        trainable=trainable,
+        gradient_checkpointing=gradient_checkpointing,
+        notes=notes,
+    )
+
+
+def _training_peak(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    batch_size: int,
+    seq_len: int,
+    weights: int,
+    states: ModelStates,
+    optimizer: OptimizerName,
+    mixed: bool,
+    trainable: int,
+    gradient_checkpointing: bool,
+    notes: list[str],
+) -> MemoryEstimate:
+    """The larger of the start of backward and the optimizer step (module docstring)."""
+    compute, device, opt = settings.dtype, settings.device, optimizer
+    tokens = batch_size * seq_len
+    block = block_terms(spec, seq_len, settings)
+    per_block = math.ceil(tokens * sum(t.per_token for t in block))
+    head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
+    if gradient_checkpointing:
+        kept = math.ceil(spec.num_layers * tokens * spec.hidden * compute.itemsize)
+        activations = kept + per_block + head
+        notes.append("gradient checkpointing: block inputs kept, one block recomputed")
+    else:
+        activations = spec.num_layers * per_block + head
+    layers = tuple(
+        LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
+        for k in range(spec.num_layers)
+    )
+    # Start of backward: the loss gradient w.r.t. the log-softmax and the logits (fp32).
+    loss_grads = 2 * tokens * spec.vocab * FP32
+    # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
+    # and the activation's chain of intermediates gets a gradient each (measured with the
+    # tracer: gelu_new's backward holds about four i-wide tensors at once).
+    mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
+    head_grad = math.ceil(spec.vocab * spec.hidden * elem_of(mixed, compute))
+    backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
+    # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
+    elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
+    if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
+        if device == "cuda":
+            step_temp = math.ceil(trainable * elem)  # foreach: one list the size of all parameters
+            notes.append("optimizer step: foreach temporaries (CUDA default)")
+        else:
+            step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
+            notes.append("optimizer step: one tensor at a time (CPU default)")
+    else:
+        step_temp = 0
+    # End of backward with tied embeddings: the embedding's dense gradient arrives while the
+    # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
+    tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
+    step_temp = max(step_temp, tied_sum)
+    # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
+    # the optimizer step.
+    if backward_start + states.autocast_copies >= states.gradients + step_temp:
+        peak_at = "start of backward"
+        act, grads, workspace = activations, 0, backward_start - activations
+        copies = states.autocast_copies
+    else:
+        peak_at = "optimizer step"
+        act, grads, workspace, copies = 0, states.gradients, step_temp, 0
+    return MemoryEstimate(
+        weights=weights,
+        gradients=grads,
+        optimizer=states.optimizer,
+        activations=act,
+        workspace=workspace,
+        overhead=copies + tokens * INT64,
+        device=device,
+        notes=tuple(notes),
+        layers=layers if act else (),
+        peak_at=peak_at,
+    )
+
+
+def _inference(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    batch_size: int,
+    seq_len: int,
+    weights: int,
+    use_cache: bool | None,
+    notes: list[str],
+) -> MemoryEstimate:
+    tokens = batch_size * seq_len
+    e = settings.dtype.itemsize
+    cache = spec.family.value != "bert" if use_cache is None else use_cache
+    kv = (
+        kv_cache_bytes(
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            dtype=settings.dtype,
+            sliding_window=spec.sliding_window,
+        )
+        if cache
+        else 0
+    )
+    if cache:
+        notes.append("inference returns the KV cache of every layer")
+    transient = math.ceil(tokens * inference_transient(spec, seq_len, settings))
+    logits = math.ceil(tokens * spec.vocab * e)
+    # Alive through the whole forward: the additive 4D mask eager attention builds
+    # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.
+    mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
+    rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
+    return MemoryEstimate(
+        weights=weights,
+        activations=max(transient, logits + math.ceil(tokens * spec.hidden * e)),
+        kv_cache=kv,
+        overhead=math.ceil(tokens * INT64 + mask + rope),
+        device=settings.device,
+        notes=tuple(notes),
+        peak_at="forward",
+    )
