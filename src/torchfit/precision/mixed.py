@@ -16,11 +16,10 @@ from torchfit.precision.choice import (
     PrecisionChoice,
     choose_precision,
 )
+from torchfit.precision.state import STATE_FORMAT, check_state
 from torchfit.precision.step import NonFiniteCheck, StepOutcome
 
 __all__ = ["MixedPrecision"]
-
-_STATE_FORMAT = 1
 
 
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
@@ -393,7 +392,7 @@ class MixedPrecision:
                 "run would lose them. Checkpoint right after step() returns STEPPED or SKIPPED."
             )
         return {
-            "format": _STATE_FORMAT,
+            "format": STATE_FORMAT,
             "precision": str(self.dtype),
             "accumulate": self.accumulate,
             "optimizer_steps": self.optimizer_steps,
@@ -408,22 +407,7 @@ class MixedPrecision:
         Raises:
             ValueError: the state was saved with another precision or accumulation.
         """
-        if state.get("format") != _STATE_FORMAT:
-            raise ValueError(
-                f"not a MixedPrecision state dict (format {state.get('format')!r}, expected "
-                f"{_STATE_FORMAT}); pass what MixedPrecision.state_dict() returned"
-            )
-        # (state dict key, MixedPrecision argument, this object's value)
-        for key, arg, mine in (
-            ("precision", "dtype", str(self.dtype)),
-            ("accumulate", "accumulate", self.accumulate),
-        ):
-            if state[key] != mine:
-                raise ValueError(
-                    f"the checkpoint was saved with {arg}={state[key]!r} but this "
-                    f"MixedPrecision has {arg}={mine!r}; build it with "
-                    f"MixedPrecision({arg}={state[key]!r}, ...) to resume exactly"
-                )
+        check_state(state, precision=str(self.dtype), accumulate=self.accumulate)
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_steps = int(state["skipped_steps"])
         self._history = [(int(i), float(s)) for i, s in state["scale_history"]]
