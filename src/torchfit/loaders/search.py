@@ -16,6 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from torchfit.loaders.checks import duplicated_across_workers, python_object_warnings, shm_message
+from torchfit.loaders.choice import TIE, fastest_fewest, persistence, short
 from torchfit.loaders.probe import (
     IndexStream,
     StreamSampler,
@@ -35,9 +36,6 @@ FIRST_PER_CPU = 4
 #: A step up must beat the current best by 3%: run-to-run noise of a loader on a busy
 #: machine is a few percent.
 GAIN = 1.03
-#: Among trials within 2% of the best, the fewest workers (then the smallest prefetch)
-#: wins: the same speed for less memory.
-TIE = 0.98
 #: Share of the budget the main-process baseline may take.
 BASELINE_SHARE = 0.15
 #: Keep the batches in flight under half of this rank's share of /dev/shm: the pin-memory
@@ -45,8 +43,6 @@ BASELINE_SHARE = 0.15
 SHM_FRACTION = 0.5
 #: Below this CPU need per loading process, loading mostly waits (I/O).
 IO_BOUND_LOAD = 0.75
-#: Worker start-up costing this share of an epoch makes workers persistent.
-PERSISTENT_SHARE = 0.01
 #: Start-up per worker assumed before a worker trial has measured one (fork on Linux
 #: takes tens of milliseconds per worker; spawn much longer, and is then measured).
 _STARTUP_GUESS_S = 0.03
@@ -313,7 +309,7 @@ class _Search:
         cfg = pick.config
         self.reasons.insert(
             0,
-            f"{_short(cfg)} measured {pick.samples_per_s:,.0f} samples/s; the best of "
+            f"{short(cfg)} measured {pick.samples_per_s:,.0f} samples/s; the best of "
             f"{len(self.trials)} trials was {top:,.0f} (fewest workers within "
             f"{1 - TIE:.0%} of the best wins)",
         )
@@ -336,14 +332,7 @@ class _Search:
             )
 
     def _pick(self) -> LoaderTrial | None:
-        eligible = [trial for trial in self.trials if self._eligible(trial)]
-        if not eligible:
-            return None
-        top = max(trial.samples_per_s for trial in eligible)
-        return min(
-            (trial for trial in eligible if trial.samples_per_s >= TIE * top),
-            key=lambda trial: (trial.config.num_workers, trial.config.prefetch_factor or 0),
-        )
+        return fastest_fewest([trial for trial in self.trials if self._eligible(trial)])
 
     def _fits_shm(self, workers: int, prefetch: int) -> bool:
         share = self.s.machine.shm_share_bytes
@@ -377,13 +366,8 @@ class _Search:
             self.reasons.append("persistent_workers on: the epoch length is unknown")
             return dataclasses.replace(cfg, persistent_workers=True)
         epoch_s = self.epoch_batches * self.default_len / pick.samples_per_s
-        share = pick.startup_s / max(epoch_s, 1e-9)
-        keep = share >= PERSISTENT_SHARE
-        self.reasons.append(
-            f"persistent_workers {'on' if keep else 'off'}: worker start-up took "
-            f"{pick.startup_s:.2f} s, {share:.1%} of a {epoch_s:.1f} s epoch "
-            f"(on from {PERSISTENT_SHARE:.0%})"
-        )
+        keep, reason = persistence(pick.startup_s, epoch_s)
+        self.reasons.append(reason)
         return dataclasses.replace(cfg, persistent_workers=keep)
 
     def _explain(self, cfg: LoaderConfig) -> None:
@@ -408,12 +392,6 @@ class _Search:
             )
         if cfg.num_workers:
             self.warnings += python_object_warnings(self.s.dataset, cfg.num_workers)
-
-
-def _short(cfg: LoaderConfig) -> str:
-    if not cfg.num_workers:
-        return "loading in the main process (0 workers)"
-    return f"{plural(cfg.num_workers, 'worker')} with prefetch {cfg.prefetch_factor}"
 
 
 def search(setup: Setup, *, start: float) -> Outcome:
