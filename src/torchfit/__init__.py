@@ -21,6 +21,11 @@ from torchfit.precision import MixedPrecision, find_nonfinite
 
 __version__ = "0.1.0"
 
+# Units and dtypes are defined in the private bottom layer; their public home is here.
+for _name in ("DType", "format_bytes", "parse_bytes", "parse_dtype"):
+    globals()[_name].__module__ = __name__
+del _name
+
 __all__ = [
     "GPU",
     "DType",

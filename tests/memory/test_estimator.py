@@ -6,9 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchfit.memory import measure_step
+from torchfit.memory import estimate, measure_step
 from torchfit.memory.analytic.arch import describe
-from torchfit.memory import estimate
 
 transformers = pytest.importorskip("transformers")
 

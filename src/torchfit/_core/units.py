@@ -218,6 +218,7 @@ def parse_dtype(value: str | torch.dtype | DType) -> DType:
     Example:
         >>> parse_dtype("bf16")
         <DType.BF16: 'bf16'>
+        >>> import torch
         >>> parse_dtype(torch.float16).bits
         16
         >>> parse_dtype("nf4").itemsize

@@ -29,6 +29,9 @@ from torchfit.quantize.accounting import footprint, quantized_footprint, weights
 from torchfit.quantize.loading import load_quantized, quantize_model
 from torchfit.quantize.result import Footprint, FootprintRow
 
+# The settings are defined beside bitsandbytes' rules (torchfit._bnb); their public home is here.
+QuantSettings.__module__ = QuantType.__module__ = __name__
+
 __all__ = [
     # loading
     "QuantSettings",
