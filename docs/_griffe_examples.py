@@ -1,6 +1,6 @@
 """Griffe extension for the docs build: read ``Example:`` as an examples section.
 
-torchfit's docstrings use the singular ``Example:`` heading (STYLE.md 8; pydocstyle's
+torchfit's docstrings use the singular ``Example:`` heading (the house style; pydocstyle's
 Google convention accepts it). Griffe's Google parser knows only the plural form as the
 section that renders ``>>>`` lines as code; the singular form becomes an admonition of
 Markdown text, where doctest lines turn into block quotes and ``[...]`` output into broken

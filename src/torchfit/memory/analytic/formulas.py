@@ -74,7 +74,9 @@ def sdpa_is_flash(*, device: str, training: bool, dropout: float) -> bool:
 
     CPU (torch 2.13): the flash kernel ``_scaled_dot_product_flash_attention_for_cpu``
     has no dropout, so training with dropout falls back to the math path, which keeps
-    the probabilities and the dropout mask like eager attention (measured: FACTS.md).
+    the probabilities and the dropout mask like eager attention (measured here, torch 2.13
+    CPU, a 4-layer GPT-2 at batch 4 x seq 256, training: with ``attn_pdrop=0.1`` SDPA
+    peaks exactly like eager; with dropout 0 it peaks 8.3 MB lower).
     CUDA: flash and memory-efficient kernels support dropout.
     """
     return device == "cuda" or not (training and dropout > 0)
