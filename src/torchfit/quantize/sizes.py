@@ -71,7 +71,7 @@ def predict(
                 parts: tuple[int, ...] = (row_scales,)
             else:
                 # The CPU repack needs whole 32-row groups and whole blocks per row; torchfit
-                # switches it off for other layers (see _quantize_build.keep_cpu_layout).
+                # switches it off for other layers (see torchfit.quantize.build.keep_cpu_layout).
                 packs = cpu_packed and out_f % 32 == 0 and in_f % BLOCKSIZE == 0
                 packed_layers += packs
                 weight, parts = linear4bit_tensors(

@@ -15,6 +15,8 @@ import math
 
 from torchfit._core.step import OptimizerName, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
+from torchfit.memory.analytic.arch import describe
+from torchfit.memory.catalog.resolve import model_config
 
 __all__ = [
     "AttentionImpl",
@@ -207,11 +209,7 @@ def kv_cache_bytes_for(
         >>> kv_cache_bytes_for(config, batch_size=1, seq_len=32768, dtype="bf16") / 2**20
         512.0
     """
-    from torchfit.memory.analytic.arch import describe  # noqa: PLC0415 - arch imports this module
-
     if isinstance(config, str):
-        from torchfit.memory.catalog import model_config  # noqa: PLC0415
-
         config = model_config(config)
     spec = describe(config)
     if dtype is None:
