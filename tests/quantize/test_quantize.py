@@ -33,6 +33,7 @@ from torchfit._bnb.layout import (  # noqa: E402
     linear8bit_bytes,
 )
 from torchfit._bnb.selection import QuantSettings, make_plan  # noqa: E402
+from torchfit._core import hardware  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
     Footprint,
     footprint,
@@ -297,9 +298,10 @@ def test_auto_compute_dtype_rules(monkeypatch):
     resolve = _quantize_hf.resolve_compute_dtype
     assert resolve("auto", bits=4, model_dtype=torch.float16, device="cuda") == torch.float16
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cpu") == torch.float32
-    monkeypatch.setattr(_quantize_hf, "_bf16_native", lambda: True)
+    monkeypatch.setattr(hardware, "cuda_native_bf16", lambda device=None: True)
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cuda") == torch.bfloat16
-    monkeypatch.setattr(_quantize_hf, "_bf16_native", lambda: False)  # a T4 emulates bf16
+    # a T4 emulates bf16
+    monkeypatch.setattr(hardware, "cuda_native_bf16", lambda device=None: False)
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cuda") == torch.float16
     assert resolve("auto", bits=8, model_dtype=torch.float32, device="cuda") is None
     with pytest.raises(ValueError, match="4-bit layers only"):

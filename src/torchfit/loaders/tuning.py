@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from torchfit._core.hardware import parse_device
 from torchfit.loaders.args import (
     check_dataset,
     check_int,
     check_loader_kwargs,
     check_options,
     kwargs_of,
-    target_device,
     time_steps,
 )
 from torchfit.loaders.checks import shm_message
@@ -95,7 +95,8 @@ def _tune(
         check["multiprocessing_context"] = context
     with quiet_worker_count():
         DataLoader(dataset, **loader_kwargs, **check)  # torch's own checks of the combination
-    target = target_device(device)
+    # a CUDA device torch does not see is not an error here: the batches are not pinned
+    target = parse_device(device)
     pin = target.type == "cuda" and torch.cuda.is_available()
     machine = machine_budget()
     setup = Setup(

@@ -16,6 +16,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from torchfit._core import hardware
 from torchfit._core.imports import require
 from torchfit._core.units import DType, parse_dtype
 
@@ -167,23 +168,23 @@ def _no_init_weights() -> contextlib.AbstractContextManager[object]:
 
 
 def target_device(device_map: Any) -> str:
-    """``"cuda"`` or ``"cpu"``: where a from_pretrained ``device_map`` puts the weights."""
-    if device_map is None:  # what transformers' bitsandbytes quantizers pick
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    """``"cuda"`` or ``"cpu"``: where a from_pretrained ``device_map`` puts the weights.
+
+    Not `torchfit._core.hardware.parse_device`: a device map is a placement (a dict of
+    module names, an index, or a strategy such as ``"auto"``), not one device. ``None``
+    and the strategies mean the default device, as transformers' bitsandbytes
+    quantizers pick it.
+    """
+    if device_map is None:
+        return hardware.default_device().type
     values = device_map.values() if isinstance(device_map, dict) else [device_map]
     for value in values:
         text = str(value)
         if isinstance(value, int) or text.startswith("cuda"):
             return "cuda"
         if text in {"auto", "balanced", "balanced_low_0", "sequential"}:
-            return "cuda" if torch.cuda.is_available() else "cpu"
+            return hardware.default_device().type
     return "cpu"
-
-
-def _bf16_native() -> bool:
-    # torch.cuda.is_bf16_supported() is True on a T4 because bf16 is emulated there;
-    # native bf16 needs compute capability 8.0 (FACTS.md, Mixed precision).
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
 
 
 def resolve_compute_dtype(
@@ -213,7 +214,7 @@ def resolve_compute_dtype(
     if model_dtype in (torch.float16, torch.bfloat16):
         return model_dtype
     if device == "cuda":
-        return torch.bfloat16 if _bf16_native() else torch.float16
+        return torch.bfloat16 if hardware.cuda_native_bf16() else torch.float16
     return torch.float32
 
 

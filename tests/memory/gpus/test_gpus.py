@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchfit.memory.gpus import lookup
-from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus
+from torchfit.memory.gpus import GPU, current_gpu, gpu, list_gpus, lookup
 from torchfit.memory.gpus.names import NameIndex
 
 GiB = 2**30
