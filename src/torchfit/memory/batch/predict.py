@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchfit._core.bisection import gallop, last_true
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
@@ -47,6 +48,8 @@ CUDA_CONTEXT_BYTES = 287_047_680
 # it (allocated == reserved, no fragmentation), so 2% is kept there, for step variation.
 _FRACTION_CARD = 0.10
 _FRACTION_SIMULATED = 0.02
+# A batch above this means the prediction never reaches the budget (a bug in predict).
+_NEVER = 2**40
 
 
 class BudgetKind(enum.StrEnum):
@@ -184,22 +187,6 @@ def _total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
     return estimate.total
 
 
-def _largest(fits: Callable[[int], bool], sizes: Sequence[int] | None, good: int, bad: int) -> int:
-    """Bisect for the largest size that fits, given fits(good) (or good == 0) and not fits(bad).
-
-    With ``sizes`` (sorted), ``good`` and ``bad`` are indices into it (``good`` = -1: none).
-    """
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(sizes[mid] if sizes is not None else mid):
-            good = mid
-        else:
-            bad = mid
-    if sizes is not None:
-        return sizes[good] if good >= 0 else 0
-    return good
-
-
 def solve_predictor(
     predict: Predictor, usable: int, *, batch_sizes: Sequence[int] | None = None
 ) -> tuple[int, Line]:
@@ -241,7 +228,8 @@ def _solve_callable(
     if sizes is not None:
         if fits(sizes[-1]):
             return sizes[-1], line
-        return _largest(fits, sizes, -1, len(sizes) - 1), line
+        index = last_true(lambda i: fits(sizes[i]), -1, len(sizes) - 1)
+        return (sizes[index] if index >= 0 else 0), line
     # A peak set by a batch-independent phase at small batches is flat there: no slope.
     guess = max(line.solve(usable), 1) if line.per_sample > 0 else 2
     if fits(guess):
@@ -250,11 +238,10 @@ def _solve_callable(
         good, bad = guess + 1, 2 * guess + 2
     else:
         good, bad = 1, guess
-    while fits(bad):  # not affine: widen the bracket, then bisect
-        good, bad = bad, 2 * bad
-        if bad > 2**40:
-            raise ValueError("the predicted memory never exceeds the budget; check predict")
-    return _largest(fits, None, good, bad), line
+    good, bad = gallop(fits, good, bad, limit=_NEVER)  # not affine: widen, then bisect
+    if bad > _NEVER:
+        raise ValueError("the predicted memory never exceeds the budget; check predict")
+    return last_true(fits, good, bad), line
 
 
 def max_batch_size(

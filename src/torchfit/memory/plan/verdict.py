@@ -9,9 +9,10 @@ re-estimated figure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from torchfit._core.bisection import largest_fitting
 from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
@@ -191,23 +192,6 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
     return {"param_bytes": 2, "autocast_copies": copies}
 
 
-def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
-    """The largest n in [1, upper] with fits_at(n), assuming monotonicity; 0 if none."""
-    if upper < 1 or not fits_at(1):
-        return 0
-    low, high = 1, 2
-    while high <= upper and fits_at(high):
-        low, high = high, high * 2
-    high = min(high, upper + 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        if fits_at(mid):
-            low = mid
-        else:
-            high = mid
-    return low
-
-
 def fits(
     model: Any,
     gpu: str | float | GPU | Sequence[str | GPU],
@@ -301,10 +285,10 @@ def fits(
         changed = dataclasses.replace(settings, **changes)
         return _device_estimate(model, changed, card).device_total <= card.memory
 
-    max_batch = _largest(lambda b: fits_with(batch_size=b), 1 << 20)
+    max_batch = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
     max_seq = None
     if settings.seq_len is not None:
-        max_seq = _largest(
+        max_seq = largest_fitting(
             lambda s: fits_with(batch_size=1, seq_len=s), max_positions(model, settings)
         )
     advice = advise(
