@@ -31,6 +31,7 @@ from torchfit.memory.device_map.sizes import (
     tensor_bytes,
 )
 from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import card_of
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["FEATURE", "Planner", "gpu_index"]
@@ -303,8 +304,6 @@ def gpu_index(value: int | str, count: int) -> int | None:
 
 
 def _cards(gpus: Any) -> list[GPU]:
-    from torchfit.memory.plan import resolve_budget  # noqa: PLC0415 - plan imports much
-
     items = [gpus] if isinstance(gpus, str | GPU | int | float) else gpus
     if isinstance(items, bool) or not isinstance(items, Sequence):
         raise TypeError(
@@ -317,7 +316,7 @@ def _cards(gpus: Any) -> list[GPU]:
     cards = []
     for i, item in enumerate(items):
         try:
-            cards.append(resolve_budget(item)[0])
+            cards.append(card_of(item))
         except (ValueError, TypeError) as e:
             raise type(e)(f"gpus[{i}]: {e}") from e
     return cards

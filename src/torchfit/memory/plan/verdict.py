@@ -14,17 +14,18 @@ from typing import Any
 
 from torchfit._core.bisection import largest_fitting
 from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
-from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
-__all__ = ["Plan", "fits", "resolve_budget"]
+__all__ = ["Plan", "fits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,34 +94,6 @@ class Plan:
             lines.append("advice (each re-estimated):")
             lines += [f"  {a}" for a in self.advice]
         return "\n".join(lines)
-
-
-def resolve_budget(target: str | float | GPU | Sequence[str | GPU]) -> tuple[GPU, int]:
-    """The card to plan for and how many: a name, a `GPU`, a byte budget or a list.
-
-    A list plans for its smallest card (data parallelism replicates everything). A plain
-    budget (``12884901888`` or ``"12GiB"``) becomes a custom card of that size.
-    """
-    if isinstance(target, GPU):
-        return target, 1
-    if isinstance(target, list | tuple):
-        if not target:
-            raise ValueError("an empty list of GPUs was given; name at least one card")
-        cards = [resolve_budget(item)[0] for item in target]
-        return min(cards, key=lambda card: card.memory), len(cards)
-    if isinstance(target, int | float) and not isinstance(target, bool):
-        return GPU.custom("budget", memory=parse_bytes(target)), 1
-    if isinstance(target, str):
-        try:
-            return gpu(target), 1
-        except ValueError as card_error:
-            try:
-                return GPU.custom(target, memory=parse_bytes(target)), 1
-            except ValueError:
-                raise card_error from None
-    raise TypeError(
-        f"gpu must be a card name, a GPU, a byte budget or a list of cards; got {target!r}"
-    )
 
 
 def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
