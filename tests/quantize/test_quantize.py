@@ -34,6 +34,7 @@ from torchfit._bnb.layout import (  # noqa: E402
 )
 from torchfit._bnb.selection import QuantSettings, make_plan  # noqa: E402
 from torchfit._core import hardware  # noqa: E402
+from torchfit.memory.catalog.build import instantiate, model_class_for  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
     Footprint,
     footprint,
@@ -331,8 +332,8 @@ def test_user_skip_list_is_merged_with_the_defaults(saved):
 @pytest.mark.parametrize("config", [_gpt2(128), _llama()], ids=["gpt2", "llama"])
 def test_meta_build_skips_weight_init_and_puts_it_back(config):
     init = (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_)
-    model_class = _quantize_hf.model_class_for(config)
-    meta = _quantize_hf.build_meta(config, model_class, torch.float32)
+    model_class = model_class_for(config)
+    meta = instantiate(config, model_class, torch.float32)
     assert (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_) == init
     with torch.device("meta"):
         reference = model_class.from_config(config)  # initialised (and tied) the slow way

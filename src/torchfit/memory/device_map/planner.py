@@ -20,6 +20,8 @@ from torchfit._bnb.selection import QuantSettings
 from torchfit._core.imports import require
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import cublas_workspace_bytes, cuda_context_bytes, to_device
+from torchfit.memory.catalog.build import instantiate, model_class_for
+from torchfit.memory.catalog.resolve import resolve_config
 from torchfit.memory.device_map.result import DeviceMap, DeviceShare
 from torchfit.memory.device_map.sizes import (
     Runtime,
@@ -63,7 +65,6 @@ class Planner:
     ) -> None:
         """Resolve the model, its sizes and the cards once."""
         from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
-        from torchfit.quantize import hf  # noqa: PLC0415 - needs transformers
 
         require("transformers", feature=FEATURE)
         self.cards = _cards(gpus)
@@ -87,8 +88,8 @@ class Planner:
             cls: Any = type(model)
             self.name = type(model).__name__
         else:
-            config = hf.resolve_config(model)
-            cls = hf.model_class_for(config)
+            config = resolve_config(model, hub=True)
+            cls = model_class_for(config)
             named = isinstance(model, str | os.PathLike)
             self.name = os.fspath(model) if named else type(model).__name__
         spec = describe(config)
@@ -103,7 +104,7 @@ class Planner:
             attn=attn,
             kv_cache=kv_cache,
         )
-        meta = hf.build_meta(config, cls, self.compute.torch_dtype)
+        meta = instantiate(config, cls, self.compute.torch_dtype)
         self.no_split = tuple(sorted(getattr(meta, "_no_split_modules", None) or ()))
         sized = tensor_bytes(meta, self.quant)
         self.sizes = {n: b for n, (b, _) in sized.items()}
