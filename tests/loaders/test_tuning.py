@@ -4,6 +4,7 @@ import multiprocessing
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ from torchfit.loaders.machine import (
     cgroup_cpu_limit,
     local_world_size,
     machine_budget,
+    shm_worker_limit,
 )
 from torchfit.loaders.probe import IndexStream, WorkerSeeder, runqueue_seconds
 from torchfit.loaders.report import Setup
@@ -594,6 +596,45 @@ def test_check_shm():
     assert message is not None
     assert "36.00 MiB in flight" in message
     assert "at most 8 workers" in message
+
+
+@given(
+    share=st.integers(0, 2**40) | st.none(),
+    workers=st.integers(0, 64),
+    prefetch=st.integers(1, 8),
+    batch=st.integers(0, 2**30),
+)
+def test_check_shm_is_the_worker_limit(share, workers, prefetch, batch):
+    budget = MachineBudget(1, 1, None, 1, "test", shm_free_bytes=share)
+    limit = shm_worker_limit(share, prefetch=prefetch, batch_bytes=batch)
+    message = check_shm(
+        num_workers=workers, prefetch_factor=prefetch, batch_bytes=batch, machine=budget
+    )
+    in_flight_fits = share is None or workers * prefetch * batch <= share / 2
+    assert (message is None) is in_flight_fits
+    assert (limit is None or workers <= limit) is in_flight_fits
+    if message is not None:
+        assert f"at most {limit} workers" in message or "no worker fits" in message
+
+
+@pytest.mark.parametrize("spare", [-1, 0, 1])
+def test_the_search_warns_exactly_when_check_shm_does(monkeypatch, spare):
+    """tune_loader's /dev/shm limit and check_shm are one rule: same verdict, same words."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE", raising=False)
+    batch = 4 * 1024  # 4 samples of WideData
+    free = 2 * (2 * 2 * batch) + spare  # 2 workers x prefetch 2 take half of it, give or take
+    monkeypatch.setattr(machine_mod, "shm_free_bytes", lambda: free)
+    expected = check_shm(
+        num_workers=2, prefetch_factor=2, batch_bytes=batch, machine=machine_budget()
+    )
+    assert (expected is None) is (spare >= 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, report = tune_loader(WideData(16), batch_size=4, time_budget=0.5, num_workers=2)
+    assert report.batch_bytes == batch
+    shm = [str(w.message) for w in caught if "/dev/shm" in str(w.message)]  # noqa: S108
+    assert shm == ([] if expected is None else [expected])
 
 
 def test_python_objects_finds_nested_dicts_and_sets():

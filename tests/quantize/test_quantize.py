@@ -33,6 +33,8 @@ from torchfit._bnb.layout import (  # noqa: E402
     linear8bit_bytes,
 )
 from torchfit._bnb.selection import QuantSettings, make_plan  # noqa: E402
+from torchfit._core import hardware  # noqa: E402
+from torchfit.memory.catalog.build import instantiate, model_class_for  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
     Footprint,
     footprint,
@@ -297,9 +299,10 @@ def test_auto_compute_dtype_rules(monkeypatch):
     resolve = _quantize_hf.resolve_compute_dtype
     assert resolve("auto", bits=4, model_dtype=torch.float16, device="cuda") == torch.float16
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cpu") == torch.float32
-    monkeypatch.setattr(_quantize_hf, "_bf16_native", lambda: True)
+    monkeypatch.setattr(hardware, "cuda_native_bf16", lambda device=None: True)
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cuda") == torch.bfloat16
-    monkeypatch.setattr(_quantize_hf, "_bf16_native", lambda: False)  # a T4 emulates bf16
+    # a T4 emulates bf16
+    monkeypatch.setattr(hardware, "cuda_native_bf16", lambda device=None: False)
     assert resolve("auto", bits=4, model_dtype=torch.float32, device="cuda") == torch.float16
     assert resolve("auto", bits=8, model_dtype=torch.float32, device="cuda") is None
     with pytest.raises(ValueError, match="4-bit layers only"):
@@ -329,8 +332,8 @@ def test_user_skip_list_is_merged_with_the_defaults(saved):
 @pytest.mark.parametrize("config", [_gpt2(128), _llama()], ids=["gpt2", "llama"])
 def test_meta_build_skips_weight_init_and_puts_it_back(config):
     init = (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_)
-    model_class = _quantize_hf.model_class_for(config)
-    meta = _quantize_hf.build_meta(config, model_class, torch.float32)
+    model_class = model_class_for(config)
+    meta = instantiate(config, model_class, torch.float32)
     assert (torch.nn.init.kaiming_uniform_, torch.nn.init.normal_) == init
     with torch.device("meta"):
         reference = model_class.from_config(config)  # initialised (and tied) the slow way

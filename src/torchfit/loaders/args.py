@@ -22,7 +22,6 @@ __all__ = [
     "check_loader_kwargs",
     "check_options",
     "kwargs_of",
-    "target_device",
     "time_steps",
 ]
 
@@ -91,18 +90,6 @@ def check_loader_kwargs(kwargs: dict[str, Any], *, batch_size: object) -> None:
     for name in ("pin_memory", "persistent_workers"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise TypeError(f"{name} must be True or False; got {kwargs[name]!r}")
-
-
-def target_device(device: torch.device | str | None) -> torch.device:
-    """The device the batches go to: ``device``, or CUDA when available, else CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"device must be a torch.device or a string such as 'cuda:0' or 'cpu'; got {device!r}"
-        ) from exc
 
 
 def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:

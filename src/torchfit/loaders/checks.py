@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from torchfit._core.units import format_bytes
+from torchfit.loaders.machine import SHM_FRACTION
 from torchfit.loaders.probe import WorkerSeeder, close_iterator, leaves
 
 __all__ = [
@@ -158,7 +159,10 @@ def python_objects(dataset: object, *, min_items: int = 1000) -> list[tuple[str,
 
 
 def shm_message(workers: int, prefetch: int, batch: int, share: int, allowed: int) -> str:
-    """The warning for batches in flight that would not fit in ``/dev/shm``."""
+    """The warning for batches in flight that would not fit in ``/dev/shm``.
+
+    ``allowed`` is `torchfit.loaders.machine.shm_worker_limit` of the same figures.
+    """
     need = workers * prefetch * batch
     fix = (
         f"torchfit allows at most {allowed} workers"
@@ -168,7 +172,8 @@ def shm_message(workers: int, prefetch: int, batch: int, share: int, allowed: in
     return (
         f"/dev/shm is too small: {workers} workers x prefetch {prefetch} x "  # noqa: S108
         f"{format_bytes(batch)} per batch = {format_bytes(need)} in flight, against "
-        f"{format_bytes(share)} free for this rank (keeping half spare); workers crash "
+        f"{format_bytes(share)} free for this rank (keeping {1 - SHM_FRACTION:.0%} spare); "
+        "workers crash "
         f"with a bus error when it fills (pytorch #5040). {fix}; give the container more "
         "shared memory (docker run --shm-size=8g) or use smaller batches"
     )

@@ -26,6 +26,7 @@ __all__ = [
     "local_world_size",
     "machine_budget",
     "shm_free_bytes",
+    "shm_worker_limit",
 ]
 
 #: Where worker processes put the tensors they send to the main process on Linux.
@@ -33,6 +34,10 @@ __all__ = [
 #: with a POSIX shared-memory object, i.e. a file in /dev/shm (torch.multiprocessing docs,
 #: "Sharing strategies"); a full /dev/shm kills a worker with SIGBUS (pytorch #5040).
 SHM_PATH = Path("/dev/shm")  # noqa: S108 - the real shared-memory mount, read only
+
+#: Keep the batches in flight under half of this rank's share of /dev/shm: the pin-memory
+#: thread, the batch the step holds and other programs need room too.
+SHM_FRACTION = 0.5
 
 #: Launchers that say how many ranks share this node: torchrun sets LOCAL_WORLD_SIZE
 #: (torch/distributed/run.py docs), Open MPI sets OMPI_COMM_WORLD_LOCAL_SIZE.
@@ -210,6 +215,26 @@ def shm_free_bytes(path: Path = SHM_PATH) -> int | None:
     except (OSError, AttributeError):
         return None
     return stats.f_bavail * stats.f_frsize
+
+
+def shm_worker_limit(share: int | None, *, prefetch: int, batch_bytes: int | None) -> int | None:
+    """The most workers whose batches in flight fit this rank's ``/dev/shm`` share.
+
+    Each worker keeps up to ``prefetch`` batches of ``batch_bytes`` in shared memory, so
+    ``workers * prefetch * batch_bytes`` must stay within `SHM_FRACTION` of ``share``
+    (`MachineBudget.shm_share_bytes`). ``None`` when nothing limits the count: no
+    ``/dev/shm``, or no batch bytes measured. Every ``/dev/shm`` check of
+    `torchfit.loaders` (the tuning search, `check_shm`) asks this one function.
+
+    Example:
+        >>> shm_worker_limit(64 * 2**20, prefetch=4, batch_bytes=2**20)  # 32 MiB / 4 MiB
+        8
+        >>> shm_worker_limit(None, prefetch=2, batch_bytes=2**20) is None
+        True
+    """
+    if share is None or not batch_bytes or prefetch < 1:
+        return None
+    return int(share * SHM_FRACTION) // (prefetch * batch_bytes)
 
 
 def machine_budget() -> MachineBudget:

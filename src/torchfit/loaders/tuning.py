@@ -11,18 +11,18 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from torchfit._core.hardware import parse_device
 from torchfit.loaders.args import (
     check_dataset,
     check_int,
     check_loader_kwargs,
     check_options,
     kwargs_of,
-    target_device,
     time_steps,
 )
 from torchfit.loaders.checks import shm_message
 from torchfit.loaders.dist import shard
-from torchfit.loaders.machine import MachineBudget, machine_budget
+from torchfit.loaders.machine import MachineBudget, machine_budget, shm_worker_limit
 from torchfit.loaders.probe import (
     WorkerSeeder,
     find_generators,
@@ -95,7 +95,8 @@ def _tune(
         check["multiprocessing_context"] = context
     with quiet_worker_count():
         DataLoader(dataset, **loader_kwargs, **check)  # torch's own checks of the combination
-    target = target_device(device)
+    # a CUDA device torch does not see is not an error here: the batches are not pinned
+    target = parse_device(device)
     pin = target.type == "cuda" and torch.cuda.is_available()
     machine = machine_budget()
     setup = Setup(
@@ -281,6 +282,8 @@ def check_shm(
 ) -> str | None:
     """The ``/dev/shm`` warning for a configuration, or ``None`` when its batches fit.
 
+    The rule is `torchfit.loaders.machine.shm_worker_limit`, the one the tuning uses.
+
     Example:
         >>> budget = MachineBudget(1, 1, None, 1, "test", shm_free_bytes=64 * 2**20)
         >>> check_shm(num_workers=4, prefetch_factor=2, batch_bytes=2**20, machine=budget) is None
@@ -291,9 +294,9 @@ def check_shm(
     """
     machine = machine or machine_budget()
     share = machine.shm_share_bytes
-    if share is None or num_workers * prefetch_factor * batch_bytes <= 0.5 * share:
+    allowed = shm_worker_limit(share, prefetch=prefetch_factor, batch_bytes=batch_bytes)
+    if share is None or allowed is None or num_workers <= allowed:
         return None
-    allowed = int(0.5 * share // (prefetch_factor * batch_bytes))
     return shm_message(num_workers, prefetch_factor, batch_bytes, share, allowed)
 
 

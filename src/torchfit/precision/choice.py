@@ -3,7 +3,8 @@
 `choose_precision` is a pure decision over torch's own capability checks
 (``torch.cuda.get_device_capability``, ``torch.cuda.is_bf16_supported``,
 ``torch.cpu._is_avx512_bf16_supported`` ...), so tests fake a GPU or a CPU by
-monkeypatching those checks.
+monkeypatching those checks. Native bf16 on CUDA and the meaning of ``device=None`` are
+`torchfit._core.hardware`'s rules, shared with the GPU catalog and torchfit.quantize.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchfit._core import hardware
 from torchfit._core.units import DType, parse_dtype
 
 __all__ = ["Precision", "PrecisionChoice", "choose_precision", "parse_precision", "resolve_device"]
@@ -75,16 +77,18 @@ def parse_precision(value: str | torch.dtype | DType | Precision) -> Precision:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """The device a run trains on: ``None`` means CUDA when available, else the CPU.
 
+    `torchfit._core.hardware.parse_device` reads it; training, unlike loading batches,
+    cannot go ahead on a CUDA device torch does not see, so that is refused here.
+
     Raises:
-        ValueError: a CUDA device was asked for and torch sees no GPU.
+        ValueError: a CUDA device was asked for and torch sees no GPU, or ``device`` is
+            not a device.
 
     Example:
         >>> resolve_device("cpu")
         device(type='cpu')
     """
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
+    resolved = hardware.parse_device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device={str(device)!r} but torch.cuda.is_available() is False (a CPU-only torch "
@@ -195,14 +199,15 @@ _FAST_FP16_PRE_VOLTA = frozenset({(5, 3), (6, 0), (6, 2)})
 def _auto_cuda(device: torch.device) -> tuple[Precision, str]:
     major, minor = torch.cuda.get_device_capability(device)
     where = f"{device} (compute capability {major}.{minor})"
-    if major >= 8 and _bf16_native():
+    if hardware.cuda_native_bf16(device):
         return Precision.BF16, (
             f"{where} has native bf16 tensor cores (capability >= 8.0): bf16 keeps fp32's "
             "range, so no loss scaling is needed"
         )
     if major >= 7 or (major, minor) in _FAST_FP16_PRE_VOLTA:
         # torch >= 2.4 reports bf16 as supported on e.g. a T4 (sm_75) because it can be
-        # emulated (FACTS.md, "Mixed precision"); cuDNN has no bf16 convolutions below sm_80.
+        # emulated: is_bf16_supported's including_emulation defaults to True
+        # (torch/cuda/__init__.py). cuDNN has no bf16 convolutions below capability 8.0.
         cores = "fp16 tensor cores" if major >= 7 else "fast fp16 arithmetic"
         return Precision.FP16, (
             f"{where} has {cores} but no native bf16 (capability < 8.0: bf16 would be "
@@ -211,14 +216,6 @@ def _auto_cuda(device: torch.device) -> tuple[Precision, str]:
     return Precision.FP32, (
         f"{where} runs fp16 arithmetic far slower than fp32 and has no bf16: fp32"
     )
-
-
-def _bf16_native() -> bool:
-    # Native only: the default including_emulation=True says yes on sm_75 as well.
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # a torch without the keyword; the capability check above decides
-        return True
 
 
 def _auto_cpu() -> tuple[Precision, str]:

@@ -10,7 +10,9 @@ from torch import nn
 
 from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
 from torchfit._core.units import DType, parse_dtype
-from torchfit.quantize import hf
+from torchfit.memory.catalog.build import instantiate, model_class_for
+from torchfit.memory.catalog.hub import load_dtype
+from torchfit.memory.catalog.resolve import resolve_config
 from torchfit.quantize.build import float_dtype
 from torchfit.quantize.loading import check_saved
 from torchfit.quantize.result import Footprint
@@ -79,12 +81,12 @@ def quantized_footprint(
         # quantize_model rebuilds a transformers model from its config (buffers included)
         # in the model's own dtype.
         source = config_or_name
-        load = float_dtype(source) if dtype is None else hf.load_dtype(None, {"dtype": dtype})
-        model = hf.build_meta(source.config, type(source), load)
+        load = float_dtype(source) if dtype is None else load_dtype(None, {"dtype": dtype})
+        model = instantiate(source.config, type(source), load)
     else:
-        config = hf.resolve_config(config_or_name)
-        cls = hf.model_class_for(config, model_class)
-        model = hf.build_meta(config, cls, hf.load_dtype(config, {"dtype": dtype}))
+        config = resolve_config(config_or_name, hub=True)
+        cls = model_class_for(config, model_class)
+        model = instantiate(config, cls, load_dtype(config, {"dtype": dtype}))
         saved = check_saved(str(config_or_name), config, settings, skip_list(skip_modules))
     plan = make_plan(model, settings, skip_modules, saved_skip=saved or ())
     return predict(model, plan, settings, device=device, cpu_packed=cpu_packed)
@@ -129,9 +131,9 @@ def weights_footprint(
     if isinstance(config_or_name, nn.Module) and not is_hf(config_or_name):
         return predict_unquantized(config_or_name, device=device, cast=kind.torch_dtype)
     source = config_or_name.config if isinstance(config_or_name, nn.Module) else config_or_name
-    config = hf.resolve_config(source)
+    config = resolve_config(source, hub=True)
     cls = type(config_or_name) if isinstance(config_or_name, nn.Module) else None
-    meta = hf.build_meta(config, hf.model_class_for(config, cls), kind.torch_dtype)
+    meta = instantiate(config, model_class_for(config, cls), kind.torch_dtype)
     return predict_unquantized(meta, device=device)
 
 

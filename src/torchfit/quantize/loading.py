@@ -12,6 +12,8 @@ from torch import nn
 
 from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
 from torchfit._core.imports import require
+from torchfit.memory.catalog.build import instantiate, model_class_for
+from torchfit.memory.catalog.hub import hub_error, load_config, load_dtype
 from torchfit.quantize import hf
 from torchfit.quantize.build import (
     bnb_config,
@@ -60,7 +62,8 @@ def load_quantized(
         device_map: Passed to ``from_pretrained``; ``None`` lets transformers choose
             (the current GPU, else the CPU).
         model_class: The class to load with; default: the config's architecture, else
-            ``AutoModelForCausalLM``.
+            the Auto class its model type implies (``AutoModelForCausalLM`` for a
+            decoder), as `torchfit.memory.catalog.build.model_class_for` decides.
         **from_pretrained_kwargs: Anything else ``from_pretrained`` takes (``dtype``,
             ``revision``, ``local_files_only``, ...), except ``quantization_config``.
 
@@ -113,9 +116,9 @@ def load_quantized(
         )
     name = os.fspath(path_or_model_or_id)
     user_skips = skip_list(skip_modules)
-    config = hf.load_config(name, from_pretrained_kwargs)
-    cls = hf.model_class_for(config, model_class)
-    dtype = hf.load_dtype(config, from_pretrained_kwargs)
+    config = load_config(name, from_pretrained_kwargs)
+    cls = model_class_for(config, model_class)
+    dtype = load_dtype(config, from_pretrained_kwargs)
     saved = check_saved(name, config, settings, user_skips)
     compute = hf.resolve_compute_dtype(
         compute_dtype, bits=bits, model_dtype=dtype, device=hf.target_device(device_map)
@@ -125,9 +128,7 @@ def load_quantized(
         # Only a user skip list needs the model's module names before loading (to check and
         # merge it); without one, transformers' own default list is the same as ours.
         plan = (
-            make_plan(hf.build_meta(config, cls, dtype), settings, user_skips)
-            if user_skips
-            else None
+            make_plan(instantiate(config, cls, dtype), settings, user_skips) if user_skips else None
         )
         kwargs["quantization_config"] = bnb_config(settings, plan, compute)
     try:
@@ -135,7 +136,7 @@ def load_quantized(
     except OSError as e:
         if Path(name).is_dir():
             raise
-        raise hf.hub_error(name, e) from e
+        raise hub_error(name, e) from e
     _finish(model, name, settings, compute=compute if compute_dtype != "auto" else None)
     return model
 

@@ -19,8 +19,13 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gloo_ranks import leave
+from torchfit._core.units import parse_bytes
+from torchfit.memory.allocator import (
+    CONTEXT_ENV_VAR,
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    cuda_context_bytes,
+)
 from torchfit.memory.batch import (
-    CUDA_CONTEXT_BYTES,
     BatchSizeResult,
     Margin,
     TrialOutcome,
@@ -140,11 +145,12 @@ def test_margin_rejects_nonsense(kwargs, message):
         Margin(**kwargs)
 
 
-def test_max_batch_size_for_a_card_holds_back_the_cuda_context():
+def test_max_batch_size_for_a_card_holds_back_the_cuda_context(monkeypatch):
+    monkeypatch.delenv(CONTEXT_ENV_VAR, raising=False)
     card = GPU(name="Test 8GB", memory=8 * 2**30)
     plain = max_batch_size(line(2**30, 10 * MiB), 8 * 2**30)
     on_card = max_batch_size(line(2**30, 10 * MiB), card)
-    usable = math.floor(8 * 2**30 * 0.9) - CUDA_CONTEXT_BYTES
+    usable = math.floor(8 * 2**30 * 0.9) - cuda_context_bytes(card)
     assert on_card == (usable - 2**30) // (10 * MiB)
     assert on_card < plain
     # An estimate that models its own context is trusted over the default.
@@ -153,6 +159,27 @@ def test_max_batch_size_for_a_card_holds_back_the_cuda_context():
     )
     expected = (math.floor(8 * 2**30 * 0.9) - 100 * MiB - 2**30) // (10 * MiB)
     assert max_batch_size(own, card) == expected
+
+
+@pytest.mark.parametrize("context", ["1GiB", "100MiB"])
+def test_the_batch_margin_reserves_the_context_to_device_adds(monkeypatch, context):
+    """One CUDA context figure: the env var moves the margin and the device estimate alike."""
+    from torchfit.memory.allocator import to_device
+    from torchfit.memory.batch.predict import BudgetKind, find_budget, resolve_margin
+
+    card = GPU(name="Test 8GB", memory=8 * 2**30)
+    monkeypatch.delenv(CONTEXT_ENV_VAR, raising=False)
+    before = max_batch_size(line(2**30, 10 * MiB), card)
+    monkeypatch.setenv(CONTEXT_ENV_VAR, context)
+    found = find_budget(card)
+    reserve = resolve_margin(None, found.kind, 0, found.card).reserve
+    assert found.kind is BudgetKind.GPU
+    assert reserve == cuda_context_bytes(card) == parse_bytes(context)
+    assert reserve == to_device(MemoryEstimate(device="cuda"), gpu=card).context
+    after = max_batch_size(line(2**30, 10 * MiB), card)
+    assert after == (math.floor(8 * 2**30 * 0.9) - reserve - 2**30) // (10 * MiB)
+    assert after != before
+    assert (after > before) is (reserve < DEFAULT_CUDA_CONTEXT_BYTES)
 
 
 def test_max_batch_size_keeps_to_the_allowed_sizes():

@@ -22,12 +22,13 @@ from transformers import GPT2Config, LlamaConfig
 from torchfit._core.units import parse_dtype
 from torchfit.memory import estimate, kv_cache_bytes_for
 from torchfit.memory.allocator import cuda_context_bytes
+from torchfit.memory.catalog.build import instantiate, model_class_for
 from torchfit.memory.device_map import (
     DeviceMap,
     evaluate_device_map,
     plan_device_map,
 )
-from torchfit.quantize import hf, quantized_footprint, weights_footprint
+from torchfit.quantize import quantized_footprint, weights_footprint
 
 MiB = 2**20
 
@@ -59,7 +60,7 @@ def _gpt2(layers=4, hidden=256, heads=4, vocab=1000):
 
 
 def _meta(config, dtype=torch.float16):
-    return hf.build_meta(config, hf.model_class_for(config), dtype)
+    return instantiate(config, model_class_for(config), dtype)
 
 
 def _covering_keys(name, device_map):

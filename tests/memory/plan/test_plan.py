@@ -212,3 +212,23 @@ def test_hsdp_plan_over_two_nodes_matches_fsdp_over_one():
     assert hybrid.estimate.total == node.estimate.total
     assert hybrid.settings.gpus_per_node == 8
     assert any(n.startswith("HSDP") for n in hybrid.estimate.notes)
+
+
+@pytest.mark.parametrize("quadratic", [0, 3, 40])
+def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadratic):
+    """`fits` and `memory.max_batch_size` search one memory curve the same way."""
+    from torchfit.memory import MemoryEstimate, max_batch_size
+    from torchfit.memory.plan import verdict
+
+    def held(batch):  # not affine in the batch: a bisection decides, not the line
+        return 10**9 + 7_000_000 * batch + quadratic * 1000 * batch * batch
+
+    def device_estimate(model, settings, card):
+        return MemoryEstimate(weights=held(settings.batch_size), device="cuda")
+
+    monkeypatch.setattr(verdict, "_device_estimate", device_estimate)
+    card = GPU.custom("lab card", memory="6GiB")
+    plan = fits("gpt2", card, batch_size=1, seq_len=128)
+    predicted = max_batch_size(lambda b: MemoryEstimate(weights=held(b)), card.memory, margin=0.0)
+    brute = max(b for b in range(1, 10_000) if held(b) <= card.memory)
+    assert plan.max_batch_size == predicted == brute

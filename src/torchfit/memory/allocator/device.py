@@ -100,7 +100,9 @@ def cuda_context_bytes(gpu: str | GPU | None = None, *, lazy_loading: bool = Tru
     20532). Resolution order: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable
     (e.g. ``"512MiB"``), then a ``cuda_context_bytes`` field of the GPU record when the
     catalog has a measured one, then `DEFAULT_CUDA_CONTEXT_BYTES` (lazy module loading)
-    or `EAGER_CUDA_CONTEXT_BYTES`.
+    or `EAGER_CUDA_CONTEXT_BYTES`. The one context figure of torchfit: `to_device`,
+    `plan_device_map` and the batch-size margin (`max_batch_size`, `find_batch_size`
+    with a card as the budget) all take it from here.
 
     Args:
         gpu: A catalog name or `GPU` record; None for the generic default.

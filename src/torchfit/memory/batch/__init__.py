@@ -4,18 +4,12 @@
 """
 
 from torchfit.memory.batch.finder import find_batch_size
-from torchfit.memory.batch.predict import (
-    CUDA_CONTEXT_BYTES,
-    Margin,
-    max_batch_size,
-    solve_batch_size,
-)
+from torchfit.memory.batch.predict import Margin, max_batch_size, solve_batch_size
 from torchfit.memory.batch.results import BatchSizeResult, BatchTrial, TrialOutcome, is_oom
 from torchfit.memory.batch.search import DEFAULT_START, split_effective
 from torchfit.memory.batch.simulate import SimulatedGPU, simulate_gpu
 
 __all__ = [
-    "CUDA_CONTEXT_BYTES",
     "DEFAULT_START",
     "BatchSizeResult",
     "BatchTrial",

@@ -9,44 +9,45 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
+from torchfit._core.bisection import gallop, last_true
 from torchfit._core.units import format_bytes, parse_bytes
+from torchfit.memory.allocator.device import cuda_context_bytes
 from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
-from torchfit.memory.gpus.budget import budget_of
+from torchfit.memory.gpus.budget import read_budget
 from torchfit.memory.result import AffineEstimate, MemoryEstimate
 
 __all__ = [
-    "CUDA_CONTEXT_BYTES",
     "Budget",
     "BudgetKind",
+    "FoundBudget",
     "Line",
     "Margin",
     "Predictor",
     "default_budget",
     "describe_budget",
+    "find_budget",
     "max_batch_size",
-    "resolve_budget",
     "resolve_margin",
     "solve_batch_size",
     "solve_predictor",
 ]
 
-#: Bytes the CUDA context takes outside the allocator: 287,047,680 measured with lazy
-#: module loading (CUDA >= 11.7) in pytorch PR #86509 (FACTS.md). Held back when the
-#: budget is a whole card and the estimate does not model the context itself.
-CUDA_CONTEXT_BYTES = 287_047_680
-
 # Default share of the budget kept free. The caching allocator holds more than it hands
-# out (512-byte rounding, 2 MiB / 20 MiB segments, splitting; FACTS.md), and a step's
-# peak moves with sequence length and kernel choice: users report OOMs after tuning
-# without a margin (Lightning #8028, #9625). 10% is the share vLLM leaves by default
+# out (512-byte rounding of every request, 2 MiB small and 20 MiB large segments, blocks
+# split and cached: c10/cuda/CUDACachingAllocator.cpp), and a step's peak moves with
+# sequence length and kernel choice: users report OOMs after tuning without a margin
+# (Lightning #8028, #9625). 10% is the share vLLM leaves by default
 # (EngineArgs.gpu_memory_utilization = 0.90). A simulated card has no allocator behind
 # it (allocated == reserved, no fragmentation), so 2% is kept there, for step variation.
 _FRACTION_CARD = 0.10
 _FRACTION_SIMULATED = 0.02
+# A batch above this means the prediction never reaches the budget (a bug in predict).
+_NEVER = 2**40
 
 
 class BudgetKind(enum.StrEnum):
@@ -65,8 +66,10 @@ class Margin:
     ``usable = budget * (1 - fraction) - reserve``. The default ``fraction`` is 10% on a
     real card (caching-allocator fragmentation and step-to-step variation; vLLM keeps the
     same share by default) and 2% on a `simulate_gpu` card (no allocator). ``reserve``
-    holds back the CUDA context (`CUDA_CONTEXT_BYTES`) when the budget is a card's total
-    memory and the estimate does not include it.
+    holds back the CUDA context when the budget is a card's total memory: the
+    estimate's own ``context`` if it has one, else
+    `torchfit.memory.allocator.cuda_context_bytes` for that card (which honours
+    ``TORCHFIT_CUDA_CONTEXT_BYTES``), the figure `to_device` adds to an estimate.
 
     Example:
         >>> Margin(0.1, reserve=100).usable(1000)
@@ -91,21 +94,40 @@ class Margin:
 Budget = int | str | GPU | SimulatedGPU
 
 
-def resolve_budget(budget: Budget) -> tuple[int, BudgetKind]:
-    """Bytes and kind of a budget: bytes, a size string, a `GPU`, or a `SimulatedGPU`."""
+class FoundBudget(NamedTuple):
+    """A budget read: its bytes, where they came from, and the card (a `GPU` budget)."""
+
+    bytes: int
+    kind: BudgetKind
+    card: GPU | None = None
+
+
+def find_budget(budget: Budget) -> FoundBudget:
+    """Bytes, kind and card of a budget: bytes, a size string, a card, a `SimulatedGPU`.
+
+    Cards and sizes are told apart by `torchfit.memory.gpus.budget.read_budget`, the
+    rule every budget in torchfit follows.
+
+    Example:
+        >>> find_budget("12GiB").kind, find_budget("T4").kind
+        (<BudgetKind.BYTES: 'bytes'>, <BudgetKind.GPU: 'gpu'>)
+    """
     if isinstance(budget, SimulatedGPU):
-        return budget.capacity, BudgetKind.SIMULATED
-    kind = BudgetKind.GPU if isinstance(budget, GPU) else BudgetKind.BYTES
-    if isinstance(budget, str):
-        try:
-            parse_bytes(budget)
-        except ValueError:
-            kind = BudgetKind.GPU  # a catalog name
-    return budget_of(budget)[0], kind
+        return FoundBudget(budget.capacity, BudgetKind.SIMULATED)
+    found = read_budget(budget)
+    if isinstance(found, GPU):
+        return FoundBudget(int(found.memory), BudgetKind.GPU, found)
+    return FoundBudget(found, BudgetKind.BYTES)
 
 
-def resolve_margin(margin: float | Margin | None, kind: BudgetKind, context: int) -> Margin:
-    """The `Margin` to apply: as given, or the default for this kind of budget."""
+def resolve_margin(
+    margin: float | Margin | None, kind: BudgetKind, context: int, card: GPU | None = None
+) -> Margin:
+    """The `Margin` to apply: as given, or the default for this kind of budget.
+
+    The default for a `GPU` budget reserves the CUDA context: ``context`` (the
+    estimate's own) when non-zero, else `cuda_context_bytes` of ``card``.
+    """
     if isinstance(margin, Margin):
         return margin
     fraction = _FRACTION_SIMULATED if kind is BudgetKind.SIMULATED else _FRACTION_CARD
@@ -115,7 +137,7 @@ def resolve_margin(margin: float | Margin | None, kind: BudgetKind, context: int
                 f"margin must be a fraction such as 0.1, a Margin, or None; got {margin!r}"
             )
         fraction = float(margin)
-    reserve = (context or CUDA_CONTEXT_BYTES) if kind is BudgetKind.GPU else 0
+    reserve = (context or cuda_context_bytes(card)) if kind is BudgetKind.GPU else 0
     return Margin(fraction, reserve=reserve)
 
 
@@ -184,22 +206,6 @@ def _total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
     return estimate.total
 
 
-def _largest(fits: Callable[[int], bool], sizes: Sequence[int] | None, good: int, bad: int) -> int:
-    """Bisect for the largest size that fits, given fits(good) (or good == 0) and not fits(bad).
-
-    With ``sizes`` (sorted), ``good`` and ``bad`` are indices into it (``good`` = -1: none).
-    """
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(sizes[mid] if sizes is not None else mid):
-            good = mid
-        else:
-            bad = mid
-    if sizes is not None:
-        return sizes[good] if good >= 0 else 0
-    return good
-
-
 def solve_predictor(
     predict: Predictor, usable: int, *, batch_sizes: Sequence[int] | None = None
 ) -> tuple[int, Line]:
@@ -241,7 +247,8 @@ def _solve_callable(
     if sizes is not None:
         if fits(sizes[-1]):
             return sizes[-1], line
-        return _largest(fits, sizes, -1, len(sizes) - 1), line
+        index = last_true(lambda i: fits(sizes[i]), -1, len(sizes) - 1)
+        return (sizes[index] if index >= 0 else 0), line
     # A peak set by a batch-independent phase at small batches is flat there: no slope.
     guess = max(line.solve(usable), 1) if line.per_sample > 0 else 2
     if fits(guess):
@@ -250,11 +257,10 @@ def _solve_callable(
         good, bad = guess + 1, 2 * guess + 2
     else:
         good, bad = 1, guess
-    while fits(bad):  # not affine: widen the bracket, then bisect
-        good, bad = bad, 2 * bad
-        if bad > 2**40:
-            raise ValueError("the predicted memory never exceeds the budget; check predict")
-    return _largest(fits, None, good, bad), line
+    good, bad = gallop(fits, good, bad, limit=_NEVER)  # not affine: widen, then bisect
+    if bad > _NEVER:
+        raise ValueError("the predicted memory never exceeds the budget; check predict")
+    return last_true(fits, good, bad), line
 
 
 def max_batch_size(
@@ -274,8 +280,8 @@ def max_batch_size(
         budget: Bytes, a size string (``"12GB"``), a `GPU` (its total memory: the CUDA
             context is held back), or a `SimulatedGPU`.
         margin: A fraction of the budget to keep free, a `Margin`, or ``None`` for the
-            default: 10% (2% on a simulated card) plus `CUDA_CONTEXT_BYTES` for a `GPU`
-            budget, unless the estimate has its own ``context``.
+            default: 10% (2% on a simulated card), and for a `GPU` budget its CUDA
+            context (the estimate's own ``context``, else `cuda_context_bytes`).
         batch_sizes: Allowed sizes (e.g. multiples of 8); the answer is the largest of
             them that fits. Any positive integer when ``None``.
 
@@ -298,11 +304,15 @@ def max_batch_size(
         >>> max_batch_size(quadratic, "12GiB")  # not affine: bisected over the callable
         73
     """
-    budget_bytes, kind = resolve_budget(budget)
+    found = find_budget(budget)
     context = predict.fixed.context if isinstance(predict, AffineEstimate) else 0
-    if not isinstance(predict, AffineEstimate) and kind is BudgetKind.GPU and callable(predict):
+    if (
+        not isinstance(predict, AffineEstimate)
+        and found.kind is BudgetKind.GPU
+        and callable(predict)
+    ):
         context = predict(1).context
-    usable = resolve_margin(margin, kind, context).usable(budget_bytes)
+    usable = resolve_margin(margin, found.kind, context, found.card).usable(found.bytes)
     return solve_predictor(predict, usable, batch_sizes=batch_sizes)[0]
 
 
@@ -319,11 +329,11 @@ def _cuda_budget() -> int:  # pragma: no cover - needs a GPU
     return int(free + torch.cuda.memory_reserved())
 
 
-def default_budget() -> tuple[int, BudgetKind] | None:
+def default_budget() -> FoundBudget | None:
     """The innermost simulated card, else this process's CUDA device, else ``None``."""
     card = active_simulator()
     if card is not None:
-        return card.capacity, BudgetKind.SIMULATED
+        return FoundBudget(card.capacity, BudgetKind.SIMULATED)
     if torch.cuda.is_available():  # pragma: no cover - needs a GPU
-        return _cuda_budget(), BudgetKind.CUDA
+        return FoundBudget(_cuda_budget(), BudgetKind.CUDA)
     return None

@@ -13,11 +13,12 @@ import torch
 
 from torchfit.memory.batch.predict import (
     Budget,
+    BudgetKind,
     Line,
     Margin,
     Predictor,
     default_budget,
-    resolve_budget,
+    find_budget,
     resolve_margin,
     solve_predictor,
 )
@@ -68,10 +69,11 @@ class Options:
                 "predict must be an AffineEstimate or a callable batch_size -> MemoryEstimate; "
                 f"got {type(self.predict).__name__}"
             )
-        if self.budget is not None:
-            resolve_budget(self.budget)  # a bad budget fails at decoration, not mid-run
+        # A bad budget or margin fails at decoration, not mid-run.
+        found = find_budget(self.budget) if self.budget is not None else None
         if self.margin is not None:
-            resolve_margin(self.margin, resolve_budget(self.budget or 1)[1], 0)
+            kind = BudgetKind.BYTES if found is None else found.kind
+            resolve_margin(self.margin, kind, 0, None if found is None else found.card)
 
 
 _LABELS = {"start": "start", "limit": "max_batch_size", "effective": "effective_batch_size"}
@@ -104,13 +106,13 @@ class Search:
         """Resolve the budget and the prediction before the first trial."""
         self.call = call
         self.opts = options
-        found = resolve_budget(options.budget) if options.budget is not None else default_budget()
+        found = find_budget(options.budget) if options.budget is not None else default_budget()
         if options.predict is not None and found is None:
             raise ValueError(
                 "predict= needs a budget: pass budget= (bytes, '12GB' or a GPU), or run under "
                 "simulate_gpu(...) or on a CUDA device"
             )
-        self.budget = found[0] if found else None
+        self.budget = found.bytes if found else None
         self.usable: int | None = None
         self.line: Line | None = None
         self.predicted: int | None = None
@@ -118,8 +120,8 @@ class Search:
             context = 0
             if isinstance(options.predict, AffineEstimate):
                 context = options.predict.fixed.context
-            margin = resolve_margin(options.margin, found[1], context)
-            self.usable = margin.usable(found[0])
+            margin = resolve_margin(options.margin, found.kind, context, found.card)
+            self.usable = margin.usable(found.bytes)
             if options.predict is not None:
                 with paused():  # a predictor's work (e.g. a trace) is not the step's memory
                     self.predicted, self.line = solve_predictor(options.predict, self.usable)

@@ -5,7 +5,8 @@ architecture fields of a published ``config.json`` (the hub repo id is its ``sou
 GPT-3 175B comes from its paper) and records the exact parameter count of the
 transformers class `build_model` builds for it. Nothing here touches the network: a
 model that is not in the catalog is described by a local ``config.json`` or by a
-transformers config object.
+transformers config object; only ``resolve_config(..., hub=True)`` (torchfit.quantize,
+`plan_device_map`) reads a Hub id the catalog lacks (`torchfit.memory.catalog.hub`).
 
 Which head is counted (it changes the count):
 
@@ -20,10 +21,8 @@ Which head is counted (it changes the count):
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,35 +30,17 @@ import torch
 from torch import nn
 
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.catalog.entries import (
-    ModelTask,
-    _parse_task,
-    _transformers,
-    _transformers_major,
-    model_entry,
-)
+from torchfit.memory.catalog.build import instantiate, model_class_for, model_dtype
+from torchfit.memory.catalog.entries import ModelTask, _transformers, model_entry
+from torchfit.memory.catalog.hub import is_hub_id, load_config, looks_like_path
 
 if TYPE_CHECKING:
-    from types import ModuleType
-
     from transformers import PretrainedConfig
 
 __all__ = ["build_model", "is_vision", "model_config", "resolve_config", "vision_input_shape"]
 
-_AUTO_CLASS: dict[ModelTask, str] = {
-    ModelTask.CAUSAL_LM: "AutoModelForCausalLM",
-    ModelTask.ENCODER: "AutoModel",
-    ModelTask.VISION: "AutoModelForImageClassification",
-    ModelTask.CNN: "AutoModelForImageClassification",
-}
-
 #: dtypes a module can be built in; quantized formats need torchfit.quantize.
 _BUILD_DTYPES = frozenset({DType.FP64, DType.FP32, DType.TF32, DType.FP16, DType.BF16})
-
-
-def _looks_like_path(text: str) -> bool:
-    starts = ("/", "./", "../", "~", ".\\", "..\\")
-    return text.startswith(starts) or text.endswith(".json") or Path(text).is_absolute()
 
 
 def model_config(model: str | os.PathLike[str] | PretrainedConfig) -> PretrainedConfig:
@@ -106,7 +87,7 @@ def model_config(model: str | os.PathLike[str] | PretrainedConfig) -> Pretrained
     try:
         entry = model_entry(model)
     except ValueError:
-        if _looks_like_path(model):
+        if looks_like_path(model):
             return _load_local(path)  # raises FileNotFoundError naming the path
         raise
     return entry.config()
@@ -170,7 +151,10 @@ def build_model(
             ``"encoder"`` (base model), ``"vision"``/``"cnn"`` (image classification).
 
     Returns:
-        The model (``nn.Module``), in the state its constructor leaves it.
+        The model (``nn.Module``). On meta it is built without weight initialisation
+        (there is nothing to initialise) and with its embeddings tied, as
+        `torchfit.memory.catalog.build.instantiate` does for every torchfit build;
+        elsewhere, in the state its constructor leaves it.
 
     Raises:
         ImportError: transformers is not installed (``pip install 'torchfit[hf]'``).
@@ -187,83 +171,52 @@ def build_model(
         >>> next(build_model("llama-3-8b").parameters()).dtype
         torch.bfloat16
     """
-    transformers = _transformers()
-    config = copy.deepcopy(model_config(model))
-    target = _build_dtype(dtype, config, transformers)
-    builder = _builder(config, task, transformers)
-    dtype_kwarg = "dtype" if _transformers_major(transformers) >= 5 else "torch_dtype"
-    with torch.device(device):
-        built = builder(config, **{dtype_kwarg: target})
-    if not isinstance(built, nn.Module):  # pragma: no cover - transformers always returns one
-        raise TypeError(f"transformers built a {type(built).__name__}, not an nn.Module")
-    return built
+    config = model_config(model)
+    chosen = model_dtype(config, _build_dtype(dtype))
+    return instantiate(config, model_class_for(config, task=task), chosen, device=device)
 
 
-def _build_dtype(
-    dtype: str | torch.dtype | DType | None, config: Any, transformers: ModuleType
-) -> torch.dtype:
-    if dtype is not None:
-        parsed = parse_dtype(dtype)
-        if parsed not in _BUILD_DTYPES:
-            raise ValueError(
-                f"build_model builds unquantized modules in fp64, fp32, fp16 or bf16; got "
-                f"{dtype!r}. Load int8/4-bit weights with torchfit.quantize, or pass the "
-                "dtype to a memory estimate instead"
-            )
-        return parsed.torch_dtype
-    field = "dtype" if _transformers_major(transformers) >= 5 else "torch_dtype"
-    recorded = getattr(config, field, None)
-    if isinstance(recorded, str):
-        recorded = getattr(torch, recorded, None)  # "bfloat16" -> torch.bfloat16; "auto" -> None
-    if isinstance(recorded, torch.dtype) and recorded.is_floating_point:
-        return recorded
-    return torch.get_default_dtype()
+def _build_dtype(dtype: str | torch.dtype | DType | None) -> torch.dtype | None:
+    """``dtype`` checked for an unquantized build (``None``: the config's own)."""
+    if dtype is None:
+        return None
+    parsed = parse_dtype(dtype)
+    if parsed not in _BUILD_DTYPES:
+        raise ValueError(
+            f"build_model builds unquantized modules in fp64, fp32, fp16 or bf16; got "
+            f"{dtype!r}. Load int8/4-bit weights with torchfit.quantize, or pass the "
+            "dtype to a memory estimate instead"
+        )
+    return parsed.torch_dtype
 
 
-def _builder(
-    config: Any, task: str | ModelTask | None, transformers: ModuleType
-) -> Callable[..., Any]:
-    if task is not None:
-        auto_class: Any = getattr(transformers, _AUTO_CLASS[_parse_task(task)])
-        return cast("Callable[..., Any]", auto_class.from_config)
-    architectures = getattr(config, "architectures", None) or []
-    if architectures and isinstance(architectures[0], str):
-        try:
-            cls: Any = getattr(transformers, architectures[0], None)
-        except (ImportError, AttributeError):  # a class whose backend is missing
-            cls = None
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-            # What Auto*.from_config calls once it has picked the class: applies the dtype.
-            model_class: Any = cls
-            return cast("Callable[..., Any]", model_class._from_config)  # noqa: SLF001
-    auto_class = getattr(transformers, _AUTO_CLASS[_infer_task(config)])
-    return cast("Callable[..., Any]", auto_class.from_config)
+def resolve_config(model: Any, *, hub: bool = False) -> Any:
+    """A transformers config from a config, a transformers model, a name or a folder.
 
+    The one model resolver of torchfit: `model_config` for names and paths (offline),
+    and with ``hub=True`` a Hub id the catalog lacks (``"org/name"``) is read with
+    ``AutoConfig`` from the network or the Hugging Face cache (`load_config`).
 
-def _infer_task(config: Any) -> ModelTask:
-    """The class family for a config without a usable ``architectures`` entry."""
-    from transformers.models.auto import modeling_auto  # noqa: PLC0415 - optional dependency
+    Raises:
+        ValueError: an unknown name (the catalog's error, with close matches).
+        FileNotFoundError: a path with no config.json.
+        OSError: ``hub=True`` and the Hub could not give the config.
 
-    model_type = config.model_type
-    if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
-        return ModelTask.VISION
-    # Encoders such as BERT also have a causal-LM class; a masked-LM class marks them.
-    if (
-        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    ):
-        return ModelTask.CAUSAL_LM
-    return ModelTask.ENCODER
-
-
-def resolve_config(model: Any) -> Any:
-    """A transformers config from a config, a transformers model, a name or a folder."""
+    Example:
+        >>> resolve_config("gpt2").n_layer
+        12
+    """
     if hasattr(model, "model_type") and hasattr(model, "to_dict"):
         return model  # a transformers config
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "model_type"):
         return config  # a transformers model: its config describes it
-    return model_config(model)
+    try:
+        return model_config(model)
+    except ValueError:
+        if hub and isinstance(model, str) and is_hub_id(model):
+            return load_config(model, {})
+        raise
 
 
 def is_vision(config: Any) -> bool:

@@ -20,6 +20,8 @@ from torchfit._bnb.selection import QuantSettings
 from torchfit._core.imports import require
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import cublas_workspace_bytes, cuda_context_bytes, to_device
+from torchfit.memory.catalog.build import instantiate, model_class_for
+from torchfit.memory.catalog.resolve import resolve_config
 from torchfit.memory.device_map.result import DeviceMap, DeviceShare
 from torchfit.memory.device_map.sizes import (
     Runtime,
@@ -31,6 +33,7 @@ from torchfit.memory.device_map.sizes import (
     tensor_bytes,
 )
 from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import card_of
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["FEATURE", "Planner", "gpu_index"]
@@ -62,7 +65,6 @@ class Planner:
     ) -> None:
         """Resolve the model, its sizes and the cards once."""
         from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
-        from torchfit.quantize import hf  # noqa: PLC0415 - needs transformers
 
         require("transformers", feature=FEATURE)
         self.cards = _cards(gpus)
@@ -86,8 +88,8 @@ class Planner:
             cls: Any = type(model)
             self.name = type(model).__name__
         else:
-            config = hf.resolve_config(model)
-            cls = hf.model_class_for(config)
+            config = resolve_config(model, hub=True)
+            cls = model_class_for(config)
             named = isinstance(model, str | os.PathLike)
             self.name = os.fspath(model) if named else type(model).__name__
         spec = describe(config)
@@ -102,7 +104,7 @@ class Planner:
             attn=attn,
             kv_cache=kv_cache,
         )
-        meta = hf.build_meta(config, cls, self.compute.torch_dtype)
+        meta = instantiate(config, cls, self.compute.torch_dtype)
         self.no_split = tuple(sorted(getattr(meta, "_no_split_modules", None) or ()))
         sized = tensor_bytes(meta, self.quant)
         self.sizes = {n: b for n, (b, _) in sized.items()}
@@ -303,8 +305,6 @@ def gpu_index(value: int | str, count: int) -> int | None:
 
 
 def _cards(gpus: Any) -> list[GPU]:
-    from torchfit.memory.plan import resolve_budget  # noqa: PLC0415 - plan imports much
-
     items = [gpus] if isinstance(gpus, str | GPU | int | float) else gpus
     if isinstance(items, bool) or not isinstance(items, Sequence):
         raise TypeError(
@@ -317,7 +317,7 @@ def _cards(gpus: Any) -> list[GPU]:
     cards = []
     for i, item in enumerate(items):
         try:
-            cards.append(resolve_budget(item)[0])
+            cards.append(card_of(item))
         except (ValueError, TypeError) as e:
             raise type(e)(f"gpus[{i}]: {e}") from e
     return cards

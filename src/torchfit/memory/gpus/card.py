@@ -11,9 +11,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from torchfit._core.hardware import native_bf16, native_fp8
 from torchfit._core.units import format_bytes, parse_bytes
 
-__all__ = ["BF16_CAPABILITY", "FP8_CAPABILITY", "GPU"]
+__all__ = ["GPU"]
 
 _FIELDS = (
     "name",
@@ -29,11 +30,6 @@ _FIELDS = (
     "aliases",
     "source",
 )
-# Compute capability thresholds (CUDA C++ Programming Guide, "Compute Capabilities"):
-# bf16 tensor cores from 8.0 (Ampere), fp8 from 8.9 (Ada). cuDNN has no bf16 convolutions
-# below sm_80, and torch.cuda.is_bf16_supported() is True on a T4 only through emulation.
-BF16_CAPABILITY = (8, 0)
-FP8_CAPABILITY = (8, 9)
 
 
 def _positive_number(owner: str, field: str, value: object) -> float | None:
@@ -151,9 +147,9 @@ class GPU:
             else cast("tuple[int, int]", tuple(compute_capability))
         )
         if bf16 is None:
-            bf16 = cc is not None and cc >= BF16_CAPABILITY
+            bf16 = native_bf16(cc)
         if fp8 is None:
-            fp8 = cc is not None and cc >= FP8_CAPABILITY
+            fp8 = native_fp8(cc)
         return cls(
             name=name,
             memory=size,
@@ -260,12 +256,12 @@ def _check_precision(card: GPU, owner: str) -> None:
         raise ValueError(f"{owner}: bf16_tflops is given but bf16 is False; drop one")
     if card.vendor.upper() != "NVIDIA" or cc is None:
         return
-    if card.bf16 != (cc >= BF16_CAPABILITY):
+    if card.bf16 != native_bf16(cc):
         raise ValueError(
             f"{owner}: bf16={card.bf16} contradicts compute capability {cc}; NVIDIA cards "
             "have native bf16 from 8.0 (Ampere); leave bf16 unset to derive it"
         )
-    if card.fp8 != (cc >= FP8_CAPABILITY):
+    if card.fp8 != native_fp8(cc):
         raise ValueError(
             f"{owner}: fp8={card.fp8} contradicts compute capability {cc}; NVIDIA cards "
             "have native fp8 from 8.9 (Ada); leave fp8 unset to derive it"

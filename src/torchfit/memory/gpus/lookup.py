@@ -22,7 +22,8 @@ from importlib import resources
 
 import torch
 
-from torchfit.memory.gpus.card import BF16_CAPABILITY, FP8_CAPABILITY, GPU
+from torchfit._core.hardware import native_bf16, native_fp8
+from torchfit.memory.gpus.card import GPU
 from torchfit.memory.gpus.names import NameIndex, name_key
 
 __all__ = ["current_gpu", "gpu", "list_gpus"]
@@ -180,8 +181,8 @@ def _from_properties(
         vendor="AMD" if rocm else "NVIDIA",
         architecture=None if cc is None else _architecture(cc),
         compute_capability=cc,
-        bf16=cc is not None and cc >= BF16_CAPABILITY,
-        fp8=cc is not None and cc >= FP8_CAPABILITY,
+        bf16=native_bf16(cc),
+        fp8=native_fp8(cc),
         source=f"not in the torchfit catalog; {reported}",
     )
 

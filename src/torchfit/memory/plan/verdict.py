@@ -9,21 +9,23 @@ re-estimated figure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from torchfit._core.bisection import largest_fitting
 from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
-from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.gpus import GPU
+from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
-__all__ = ["Plan", "fits", "resolve_budget"]
+__all__ = ["Plan", "fits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,34 +96,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def resolve_budget(target: str | float | GPU | Sequence[str | GPU]) -> tuple[GPU, int]:
-    """The card to plan for and how many: a name, a `GPU`, a byte budget or a list.
-
-    A list plans for its smallest card (data parallelism replicates everything). A plain
-    budget (``12884901888`` or ``"12GiB"``) becomes a custom card of that size.
-    """
-    if isinstance(target, GPU):
-        return target, 1
-    if isinstance(target, list | tuple):
-        if not target:
-            raise ValueError("an empty list of GPUs was given; name at least one card")
-        cards = [resolve_budget(item)[0] for item in target]
-        return min(cards, key=lambda card: card.memory), len(cards)
-    if isinstance(target, int | float) and not isinstance(target, bool):
-        return GPU.custom("budget", memory=parse_bytes(target)), 1
-    if isinstance(target, str):
-        try:
-            return gpu(target), 1
-        except ValueError as card_error:
-            try:
-                return GPU.custom(target, memory=parse_bytes(target)), 1
-            except ValueError:
-                raise card_error from None
-    raise TypeError(
-        f"gpu must be a card name, a GPU, a byte budget or a list of cards; got {target!r}"
-    )
-
-
 def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
     single = estimate(model, device="cuda", **settings.kwargs())
     if settings.strategy is not None and settings.mode == "train":
@@ -189,23 +163,6 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
     ).autocast_copies
     # gathered 16-bit parameters feed autocast 16-bit tensors: its weight copies go away
     return {"param_bytes": 2, "autocast_copies": copies}
-
-
-def _largest(fits_at: Callable[[int], bool], upper: int) -> int:
-    """The largest n in [1, upper] with fits_at(n), assuming monotonicity; 0 if none."""
-    if upper < 1 or not fits_at(1):
-        return 0
-    low, high = 1, 2
-    while high <= upper and fits_at(high):
-        low, high = high, high * 2
-    high = min(high, upper + 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        if fits_at(mid):
-            low = mid
-        else:
-            high = mid
-    return low
 
 
 def fits(
@@ -301,10 +258,10 @@ def fits(
         changed = dataclasses.replace(settings, **changes)
         return _device_estimate(model, changed, card).device_total <= card.memory
 
-    max_batch = _largest(lambda b: fits_with(batch_size=b), 1 << 20)
+    max_batch = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
     max_seq = None
     if settings.seq_len is not None:
-        max_seq = _largest(
+        max_seq = largest_fitting(
             lambda s: fits_with(batch_size=1, seq_len=s), max_positions(model, settings)
         )
     advice = advise(
