@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from torchfit.loaders.checks import duplicated_across_workers, python_object_warnings, shm_message
 from torchfit.loaders.choice import TIE, fastest_fewest, persistence, short
+from torchfit.loaders.machine import shm_worker_limit
 from torchfit.loaders.probe import (
     IndexStream,
     StreamSampler,
@@ -38,9 +39,6 @@ FIRST_PER_CPU = 4
 GAIN = 1.03
 #: Share of the budget the main-process baseline may take.
 BASELINE_SHARE = 0.15
-#: Keep the batches in flight under half of this rank's share of /dev/shm: the pin-memory
-#: thread, the batch the step holds and other programs need room too.
-SHM_FRACTION = 0.5
 #: Below this CPU need per loading process, loading mostly waits (I/O).
 IO_BOUND_LOAD = 0.75
 #: Start-up per worker assumed before a worker trial has measured one (fork on Linux
@@ -204,10 +202,9 @@ class _Search:
 
     def _shm_limit(self, workers: int, *, prefetch: int) -> int:
         share = self.s.machine.shm_share_bytes
-        if not self.batch_bytes or share is None or workers == 0:
+        allowed = shm_worker_limit(share, prefetch=prefetch, batch_bytes=self.batch_bytes)
+        if allowed is None or share is None or not self.batch_bytes or workers == 0:
             return workers
-        per_worker = prefetch * self.batch_bytes
-        allowed = int(SHM_FRACTION * share // per_worker)
         if allowed < workers:
             self.warnings.append(shm_message(workers, prefetch, self.batch_bytes, share, allowed))
         return allowed
@@ -336,9 +333,8 @@ class _Search:
 
     def _fits_shm(self, workers: int, prefetch: int) -> bool:
         share = self.s.machine.shm_share_bytes
-        if not self.batch_bytes or share is None:
-            return True
-        return workers * prefetch * self.batch_bytes <= SHM_FRACTION * share
+        limit = shm_worker_limit(share, prefetch=prefetch, batch_bytes=self.batch_bytes)
+        return limit is None or workers <= limit
 
     def _outcome(self, first: LoaderTrial, cfg: LoaderConfig, pick: LoaderTrial | None) -> Outcome:
         cfg = self._persistence(cfg, pick)
