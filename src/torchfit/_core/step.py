@@ -8,6 +8,7 @@ optimizer step, ``zero_grad``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -15,19 +16,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._core.optimizers import (
+    OptimizerFactory,
+    OptimizerName,
+    make_optimizer,
+    parse_optimizer,
+)
+
 __all__ = [
+    "Loop",
     "Mode",
     "OptimizerFactory",
     "OptimizerName",
+    "TrainingPrecision",
     "call_model",
     "compute_loss",
     "make_optimizer",
     "parse_mode",
     "parse_optimizer",
+    "parse_precision_name",
     "run_step",
 ]
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class Mode(enum.StrEnum):
@@ -37,26 +46,111 @@ class Mode(enum.StrEnum):
     INFERENCE = "inference"
 
 
-class OptimizerName(enum.StrEnum):
-    """Optimizers with a known memory model."""
+class TrainingPrecision(enum.StrEnum):
+    """How a training step holds and computes its numbers, with Lightning's names.
 
-    NONE = "none"
-    SGD = "sgd"
-    SGD_MOMENTUM = "sgd-momentum"
-    ADAM = "adam"
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw-8bit"
+    ``*-mixed``: fp32 weights, gradients and optimizer state, forward under autocast
+    (``torch.autocast``; fp16 with a GradScaler). ``*-true``: the model itself is 16-bit,
+    and so are its gradients and (in ``torch.optim``) its optimizer state: Lightning's
+    ``"bf16-true"``, torchtune's default, LitGPT's fine-tuning recipes.
+    """
+
+    FP32 = "32-true"
+    FP16_MIXED = "16-mixed"
+    BF16_MIXED = "bf16-mixed"
+    FP16_TRUE = "16-true"
+    BF16_TRUE = "bf16-true"
+
+    @property
+    def compute(self) -> str:
+        """The dtype matmuls run in (``"fp32"``, ``"fp16"``, ``"bf16"``)."""
+        return {"32": "fp32", "16": "fp16", "bf16": "bf16"}[self.value.split("-")[0]]
+
+    @property
+    def mixed(self) -> bool:
+        """fp32 master weights under autocast."""
+        return self.value.endswith("-mixed")
 
 
-_OPTIMIZER_ALIASES = {
-    "momentum": OptimizerName.SGD_MOMENTUM,
-    "sgd_momentum": OptimizerName.SGD_MOMENTUM,
-    "adam8bit": OptimizerName.ADAMW_8BIT,
-    "adamw8bit": OptimizerName.ADAMW_8BIT,
-    "adam-8bit": OptimizerName.ADAMW_8BIT,
-    "adamw_8bit": OptimizerName.ADAMW_8BIT,
-    "8bit-adam": OptimizerName.ADAMW_8BIT,
+#: Other spellings of the same settings: Lightning's short forms (``"bf16"`` meant
+#: ``"bf16-mixed"`` in Lightning 2.x) and dtype-style names.
+_PRECISION_ALIASES = {
+    "32": TrainingPrecision.FP32,
+    "fp32": TrainingPrecision.FP32,
+    "16": TrainingPrecision.FP16_MIXED,
+    "fp16-mixed": TrainingPrecision.FP16_MIXED,
+    "bf16": TrainingPrecision.BF16_MIXED,
+    "fp16-true": TrainingPrecision.FP16_TRUE,
 }
+
+
+def parse_precision_name(value: str | TrainingPrecision) -> TrainingPrecision:
+    """A training precision by Lightning's name (``"bf16-true"``, ``"16-mixed"``, ...).
+
+    Raises:
+        TypeError: not a string.
+        ValueError: an unknown name; the message lists the choices.
+
+    Example:
+        >>> parse_precision_name("bf16-true").compute, parse_precision_name("16").mixed
+        ('bf16', True)
+    """
+    if isinstance(value, TrainingPrecision):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(
+            f"precision must be a name such as 'bf16-mixed'; got {type(value).__name__}"
+        )
+    key = value.strip().lower()
+    if key in _PRECISION_ALIASES:
+        return _PRECISION_ALIASES[key]
+    try:
+        return TrainingPrecision(key)
+    except ValueError:
+        names = ", ".join(repr(p.value) for p in TrainingPrecision)
+        raise ValueError(
+            f"unknown precision {value!r}; expected one of {names} (Lightning's names; "
+            "'32', '16' and 'bf16' also work)"
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """How the training loop around a step runs: what decides which tensors overlap.
+
+    Attributes:
+        accumulation_steps: Micro-batches per optimizer step. From the second one on,
+            the gradients of the earlier ones are alive through forward and backward.
+        set_to_none: ``zero_grad(set_to_none=...)``. ``False`` (PyTorch's default before
+            2.0, and the 2022 Hugging Face Trainer) keeps every gradient allocated
+            between steps, so they are alive through the next forward too.
+        keep_output: The forward's output stays referenced through backward, as in
+            ``outputs = model(**batch); loss = outputs.loss; loss.backward()`` (PyTorch's
+            and Hugging Face's hand-written loops, nanoGPT). The Hugging Face Trainer,
+            Lightning and torchtune drop it first: ``False``.
+    """
+
+    accumulation_steps: int = 1
+    set_to_none: bool = True
+    keep_output: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse a non-integer or non-positive accumulation and non-bool flags."""
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise TypeError(f"gradient_accumulation_steps must be an int >= 1; got {steps!r}")
+        if steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps must be >= 1; got {steps} (1 means no accumulation)"
+            )
+        for name in ("set_to_none", "keep_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False; got {getattr(self, name)!r}")
+
+    @property
+    def gradients_during_forward(self) -> bool:
+        """Whether gradients exist while a forward and backward run (accumulated or kept)."""
+        return self.accumulation_steps > 1 or not self.set_to_none
 
 
 def parse_mode(value: str | Mode) -> Mode:
@@ -72,70 +166,6 @@ def parse_mode(value: str | Mode) -> Mode:
         return Mode(key)
     except ValueError:
         raise ValueError(f"unknown mode {value!r}; expected 'train' or 'inference'") from None
-
-
-def parse_optimizer(value: str | OptimizerName | None) -> OptimizerName:
-    """An optimizer name as an `OptimizerName`; ``None`` means no optimizer.
-
-    Example:
-        >>> parse_optimizer("AdamW")
-        <OptimizerName.ADAMW: 'adamw'>
-        >>> parse_optimizer("adam8bit")
-        <OptimizerName.ADAMW_8BIT: 'adamw-8bit'>
-    """
-    if value is None:
-        return OptimizerName.NONE
-    key = str(value).strip().lower()
-    if key in _OPTIMIZER_ALIASES:
-        return _OPTIMIZER_ALIASES[key]
-    try:
-        return OptimizerName(key)
-    except ValueError:
-        names = ", ".join(repr(o.value) for o in OptimizerName)
-        raise ValueError(
-            f"unsupported optimizer {value!r}; expected one of {names}, "
-            "or a factory such as lambda params: torch.optim.SGD(params, lr=0.1)"
-        ) from None
-
-
-def make_optimizer(
-    optimizer: str | OptimizerName | OptimizerFactory | torch.optim.Optimizer | None,
-    params: Iterable[nn.Parameter],
-) -> torch.optim.Optimizer | None:
-    """Build the optimizer a step uses: from a name, a factory, or as given.
-
-    Named optimizers use PyTorch's defaults (``foreach`` where PyTorch picks it), so an
-    estimate for ``"adamw"`` describes ``torch.optim.AdamW(params)``.
-    """
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer
-    if callable(optimizer) and not isinstance(optimizer, str):
-        built = optimizer(params)
-        if not isinstance(built, torch.optim.Optimizer):
-            raise TypeError(
-                f"the optimizer factory returned {type(built).__name__}, not a "
-                "torch.optim.Optimizer; pass e.g. lambda params: torch.optim.SGD(params, lr=0.1)"
-            )
-        return built
-    name = parse_optimizer(optimizer)
-    trainable = [p for p in params if p.requires_grad]
-    if name is OptimizerName.NONE:
-        return None
-    if name is OptimizerName.ADAMW_8BIT:
-        from torchfit._core.imports import require  # noqa: PLC0415 - optional dependency
-
-        bnb = require("bitsandbytes", feature="optimizer='adamw-8bit'")
-        built_8bit: torch.optim.Optimizer = bnb.optim.AdamW8bit(trainable, lr=1e-3)
-        return built_8bit
-    return _TORCH_OPTIMIZERS[name](trainable)
-
-
-_TORCH_OPTIMIZERS: dict[OptimizerName, OptimizerFactory] = {
-    OptimizerName.SGD: lambda ps: torch.optim.SGD(ps, lr=1e-3),
-    OptimizerName.SGD_MOMENTUM: lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
-    OptimizerName.ADAM: lambda ps: torch.optim.Adam(ps, lr=1e-3),
-    OptimizerName.ADAMW: lambda ps: torch.optim.AdamW(ps, lr=1e-3),
-}
 
 
 def call_model(model: Callable[..., Any], example_inputs: object) -> Any:
@@ -199,13 +229,18 @@ def run_step(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     set_to_none: bool = True,
     autocast_dtype: torch.dtype | None = None,
+    loop: Loop | None = None,
 ) -> None:
-    """One step. Train: forward, loss, backward, ``optimizer.step()``, ``zero_grad``.
+    """One step. Train: forward, loss, backward per micro-batch, optimizer step, ``zero_grad``.
 
     Inference: forward under ``torch.inference_mode`` (the output is dropped at the end).
     With ``autocast_dtype``, ``torch.autocast("cpu", ...)`` wraps forward and loss only,
-    not backward or the optimizer step, as PyTorch recommends.
+    not backward or the optimizer step, as PyTorch recommends. ``loop`` says how many
+    micro-batches (each on ``example_inputs``) run before the optimizer step, whether the
+    output stays referenced through backward, and ``zero_grad``'s ``set_to_none`` (which
+    then overrides ``set_to_none``).
     """
+    loop = Loop(set_to_none=set_to_none, keep_output=False) if loop is None else loop
     autocast = (
         contextlib.nullcontext()
         if autocast_dtype is None
@@ -215,14 +250,20 @@ def run_step(
         with torch.inference_mode(), autocast:
             call_model(model, example_inputs)
         return
-    with autocast:
-        output = call_model(model, example_inputs)
-        loss = compute_loss(output, loss_fn)
-        del output
-    loss.backward()  # type: ignore[no-untyped-call]
-    del loss
+    for _ in range(loop.accumulation_steps):
+        with autocast:
+            output = call_model(model, example_inputs)
+            loss = compute_loss(output, loss_fn)
+            if not loop.keep_output:
+                del output
+        if loop.accumulation_steps > 1:
+            loss = loss / loop.accumulation_steps
+        loss.backward()  # type: ignore[no-untyped-call]
+        del loss
+        if loop.keep_output:
+            del output
     if optimizer is not None:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=set_to_none)
+        optimizer.zero_grad(set_to_none=loop.set_to_none)
     else:
-        model.zero_grad(set_to_none=set_to_none)
+        model.zero_grad(set_to_none=loop.set_to_none)
