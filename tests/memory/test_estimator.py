@@ -297,7 +297,7 @@ def test_quantized_weights_and_lora():
         (dict(batch_size=0, seq_len=8), "batch_size must be a positive integer"),
         (dict(batch_size=1, seq_len=-4), "seq_len must be a positive integer"),
         (dict(batch_size=1, seq_len=4096), "beyond this model's 1024 positions"),
-        (dict(batch_size=1, seq_len=8, optimizer="lion"), "unsupported optimizer 'lion'"),
+        (dict(batch_size=1, seq_len=8, optimizer="lamb"), "unsupported optimizer 'lamb'"),
         (dict(batch_size=1, seq_len=8, dtype="int3"), "unknown dtype 'int3'"),
         (dict(batch_size=1, seq_len=8, mode="serve"), "unknown mode 'serve'"),
         (dict(batch_size=1, seq_len=8, device="tpu"), "device must be 'cuda' or 'cpu'"),

@@ -22,10 +22,12 @@ from torchfit._core.optimizers import (
     make_optimizer,
     parse_optimizer,
 )
+from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
     "Loop",
     "Mode",
+    "Numerics",
     "OptimizerFactory",
     "OptimizerName",
     "TrainingPrecision",
@@ -35,6 +37,7 @@ __all__ = [
     "parse_mode",
     "parse_optimizer",
     "parse_precision_name",
+    "resolve_numerics",
     "run_step",
 ]
 
@@ -112,6 +115,74 @@ def parse_precision_name(value: str | TrainingPrecision) -> TrainingPrecision:
             f"unknown precision {value!r}; expected one of {names} (Lightning's names; "
             "'32', '16' and 'bf16' also work)"
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """What a step's numbers are: the weights' format, the compute dtype, master weights.
+
+    Attributes:
+        weights: How the (base) weights are stored: a float dtype, or int8/nf4/fp4.
+        compute: The dtype matmuls run in.
+        mixed: fp32 master weights, gradients and optimizer state under autocast;
+            ``None`` leaves it to the estimator's default (on for 16-bit training).
+    """
+
+    weights: DType
+    compute: DType
+    mixed: bool | None
+
+
+def resolve_numerics(
+    *,
+    precision: str | TrainingPrecision | None,
+    dtype: str | DType | None,
+    mixed_precision: bool | None,
+) -> Numerics:
+    """Put ``precision``, ``dtype`` and ``mixed_precision`` together, refusing contradictions.
+
+    ``precision`` (Lightning's names) decides the compute dtype and master weights;
+    ``dtype`` may then only repeat the compute dtype or name a quantized weight format
+    (``"nf4"``, ``"int8"``: a QLoRA base, whose compute comes from ``precision``).
+    Without ``precision``, ``dtype`` is the compute dtype (a quantized one computes in
+    bf16) and ``mixed_precision`` stays as given.
+
+    Raises:
+        ValueError: the settings contradict each other; the message names both.
+
+    Example:
+        >>> resolve_numerics(precision="bf16-true", dtype="nf4", mixed_precision=None)
+        Numerics(weights=<DType.NF4: 'nf4'>, compute=<DType.BF16: 'bf16'>, mixed=False)
+        >>> resolve_numerics(precision=None, dtype="fp16", mixed_precision=None).mixed is None
+        True
+    """
+    fmt = parse_dtype("fp32" if dtype is None else dtype)
+    if mixed_precision is not None and not isinstance(mixed_precision, bool):
+        raise TypeError(f"mixed_precision must be True, False or None; got {mixed_precision!r}")
+    if precision is None:
+        compute = DType.BF16 if fmt.is_quantized else fmt
+        return Numerics(weights=fmt, compute=compute, mixed=mixed_precision)
+    chosen = parse_precision_name(precision)
+    compute = parse_dtype(chosen.compute)
+    if mixed_precision is not None and mixed_precision != chosen.mixed:
+        raise ValueError(
+            f"precision={chosen.value!r} and mixed_precision={mixed_precision} contradict "
+            f"each other; pass only precision= (its '-mixed' names mean fp32 master weights)"
+        )
+    if fmt.is_quantized:
+        if compute.bits != 16:
+            raise ValueError(
+                f"dtype={fmt.value!r} (quantized weights) computes in 16 bits, but "
+                f"precision={chosen.value!r} computes in {compute.value}; use "
+                "precision='bf16-true' (or 'bf16-mixed', '16-true', '16-mixed')"
+            )
+        return Numerics(weights=fmt, compute=compute, mixed=chosen.mixed)
+    if dtype is not None and fmt is not compute:
+        raise ValueError(
+            f"dtype={fmt.value!r} contradicts precision={chosen.value!r}, which computes "
+            f"in {compute.value}; pass only precision=, or dtype= alone"
+        )
+    return Numerics(weights=compute, compute=compute, mixed=chosen.mixed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchfit._core.step import OptimizerName
+from torchfit._core.step import Loop, OptimizerName, resolve_numerics
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import describe
 from torchfit.memory.analytic.transformer import estimate_transformer
@@ -34,7 +34,7 @@ def estimate(
     batch_size: int,
     seq_len: int | None = None,
     input_shape: tuple[int, ...] | None = None,
-    dtype: str | DType = "fp32",
+    dtype: str | DType | None = None,
     mode: str = "train",
     optimizer: str | OptimizerName | None = "adamw",
     gradient_checkpointing: bool = False,
@@ -44,6 +44,11 @@ def estimate(
     use_cache: bool | None = None,
     device: str = "cuda",
     frozen_base: bool | None = None,
+    precision: str | None = None,
+    gradient_accumulation_steps: int = 1,
+    set_to_none: bool = True,
+    keep_output: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -54,11 +59,13 @@ def estimate(
         batch_size: Samples per step.
         seq_len: Tokens per sample (transformers; defaults to the model's maximum).
         input_shape: Shape of one sample for non-transformer models, e.g. ``(3, 224, 224)``.
-        dtype: Compute dtype (``"fp32"``, ``"bf16"``, ``"fp16"``); ``"int8"``/``"int4"``/
-            ``"nf4"`` quantize the block weights (inference, or training adapters only).
+        dtype: Compute dtype (``"fp32"``, the default, ``"bf16"``, ``"fp16"``); ``"int8"``/
+            ``"int4"``/``"nf4"`` quantize the block weights (inference, or training
+            adapters only; they compute in bf16 unless ``precision`` says otherwise).
         mode: ``"train"`` or ``"inference"``.
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``, ``"adamw-8bit"``
-            or ``None``.
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``, ``"adamw-8bit"``,
+            ``"paged-adamw-8bit"``, ``"paged-adamw"``, ``"lion"``, ``"adafactor"`` or
+            ``None`` (transformers' ``optim`` spellings work too).
         gradient_checkpointing: Keep only each block's input; recompute one block at a time.
         attn_implementation: ``"eager"``, ``"sdpa"`` or ``"flash"``.
         mixed_precision: Autocast with fp32 master weights. Default: on for training with a
@@ -70,6 +77,19 @@ def estimate(
             Linear train (LoRA), so autograd keeps nothing that only a weight's gradient
             needs (transformers). Default: when ``trainable_params`` is at most a tenth of
             the parameters.
+        precision: Lightning's names: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``
+            (fp32 master weights under autocast), ``"16-true"``, ``"bf16-true"`` (the model,
+            its gradients and optimizer state 16-bit). Replaces ``dtype``/
+            ``mixed_precision``; ``dtype`` may still name a quantized base (QLoRA).
+        gradient_accumulation_steps: Micro-batches per optimizer step (``batch_size`` is
+            one micro-batch): the gradients are then alive through forward and backward.
+        set_to_none: ``zero_grad(set_to_none=...)``; ``False`` keeps the gradients
+            allocated through the next forward.
+        keep_output: The forward's output (the logits) stays referenced through backward,
+            as in ``outputs = model(**batch); outputs.loss.backward()``. The Hugging Face
+            Trainer and Lightning drop it first (``False``).
+        optimizer_in_backward: Each parameter steps as soon as its gradient is ready and
+            the gradient is freed (torchtune's ``optimizer_in_bwd``).
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -86,6 +106,23 @@ def estimate(
     """
     if device not in _DEVICES:
         raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
+    numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed_precision)
+    loop = Loop(
+        accumulation_steps=gradient_accumulation_steps,
+        set_to_none=set_to_none,
+        keep_output=keep_output,
+    )
+    if not isinstance(optimizer_in_backward, bool):
+        raise TypeError(
+            f"optimizer_in_backward must be True or False; got {optimizer_in_backward!r}"
+        )
+    if optimizer_in_backward and loop.accumulation_steps > 1:
+        raise ValueError(
+            "optimizer_in_backward=True steps each parameter during backward, so gradients "
+            f"cannot accumulate over gradient_accumulation_steps={loop.accumulation_steps}; "
+            "use one or the other (torchtune refuses the pair too)"
+        )
+    dtype, mixed_precision = numerics.weights, numerics.mixed
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     from torch import nn  # noqa: PLC0415 - torch is always there; keeps the branch readable
@@ -95,6 +132,7 @@ def estimate(
             raise ValueError(
                 "an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)"
             )
+        _refuse_loop_for_modules(loop, in_backward=optimizer_in_backward)
         return estimate_module(
             model,
             batch_size=batch_size,
@@ -111,6 +149,7 @@ def estimate(
     except ValueError:
         if not is_vision(config):
             raise
+        _refuse_loop_for_modules(loop, in_backward=optimizer_in_backward)
         return _estimate_vision(
             config,
             batch_size=batch_size,
@@ -135,7 +174,20 @@ def estimate(
         use_cache=use_cache,
         device=device,
         frozen_base=frozen_base,
+        loop=loop,
+        optimizer_in_backward=optimizer_in_backward,
+        compute_dtype=numerics.compute,
     )
+
+
+def _refuse_loop_for_modules(loop: Loop, *, in_backward: bool) -> None:
+    """The meta-pass estimate models the plain loop only; say so rather than ignore a knob."""
+    if loop != Loop(keep_output=loop.keep_output) or in_backward:
+        raise ValueError(
+            "gradient_accumulation_steps, set_to_none=False and optimizer_in_backward are "
+            "modelled for transformers' closed forms only so far; for this model use "
+            "torchfit.memory.trace_step with your own training step"
+        )
 
 
 def _estimate_vision(

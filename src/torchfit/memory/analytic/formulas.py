@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Sequence
 
 from torchfit._core.step import OptimizerName, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
@@ -19,6 +20,7 @@ from torchfit.memory.analytic.arch import describe
 from torchfit.memory.catalog.resolve import model_config
 
 __all__ = [
+    "factored_state_bytes",
     "AttentionImpl",
     "ModelStates",
     "attention_bytes",
@@ -237,6 +239,30 @@ class ModelStates:
     note: str
 
 
+def factored_state_bytes(shapes: Sequence[tuple[int, ...]], *, itemsize: float) -> int:
+    """Adafactor's second moment: a row and a column vector per matrix, the full vector else.
+
+    ``torch.optim.Adafactor`` keeps ``row_var`` of ``shape[:-1]`` and ``col_var`` of
+    ``shape[:-2] + shape[-1:]`` for a tensor of two or more dimensions, ``variance`` of the
+    whole shape for a vector, each in the parameter's dtype, plus a float32 ``step``
+    (torch/optim/_adafactor.py, ``_init_group``).
+
+    Example:
+        >>> factored_state_bytes([(4096, 4096), (4096,)], itemsize=4)  # 2 x 4096 + 4096 + 2 steps
+        49160
+    """
+    total = 0
+    for shape in shapes:
+        if len(shape) >= 2:
+            rows = math.prod(shape[:-1])
+            cols = math.prod(shape[:-2]) * shape[-1]
+            total += math.ceil((rows + cols) * itemsize)
+        else:
+            total += math.ceil(math.prod(shape) * itemsize)
+        total += FP32
+    return total
+
+
 def optimizer_state_bytes(
     optimizer: str | OptimizerName | None,
     *,
@@ -244,23 +270,44 @@ def optimizer_state_bytes(
     param_dtype: DType,
     num_tensors: int = 0,
     large_tensor_params: int | None = None,
+    shapes: Sequence[tuple[int, ...]] | None = None,
 ) -> int:
     """Optimizer state for ``trainable`` parameters held in ``param_dtype``.
 
     SGD keeps nothing; momentum one buffer; Adam/AdamW two moments in the parameter's
     dtype plus a 4-byte ``step`` tensor per parameter tensor (torch.optim keeps ``step``
-    as a float32 scalar tensor). bitsandbytes' 8-bit AdamW keeps two uint8 moments with
-    an fp32 absmax per 256-element block, for tensors of at least 4096 elements
-    (``min_8bit_size``); smaller ones get fp32 moments.
+    as a float32 scalar tensor). bitsandbytes' 8-bit AdamW (paged or not) keeps two uint8
+    moments with an fp32 absmax per 256-element block, for tensors of at least 4096
+    elements (``min_8bit_size``); smaller ones get fp32 moments. bitsandbytes' 32-bit
+    optimizers (``PagedAdamW``, ``Lion``) keep their moments in fp32 whatever the
+    parameter's dtype (two for AdamW, one for Lion). Adafactor needs the tensors'
+    ``shapes`` (see `factored_state_bytes`); without them every tensor is taken as a
+    square matrix of ``trainable / num_tensors`` elements.
+
+    Example:
+        >>> optimizer_state_bytes("adamw", trainable=10**6, param_dtype=DType.BF16)
+        4000000
+        >>> optimizer_state_bytes("paged-adamw", trainable=10**6, param_dtype=DType.BF16)
+        8000000
     """
     name = parse_optimizer(optimizer)
-    elem = param_dtype.itemsize
-    if name in {OptimizerName.NONE, OptimizerName.SGD}:
-        return 0
-    if name is OptimizerName.SGD_MOMENTUM:
-        return math.ceil(trainable * elem)
+    per_element = {
+        OptimizerName.NONE: 0.0,
+        OptimizerName.SGD: 0.0,
+        OptimizerName.SGD_MOMENTUM: param_dtype.itemsize,
+        OptimizerName.PAGED_ADAMW: 2.0 * FP32,
+        OptimizerName.LION: 1.0 * FP32,
+    }
+    if name in per_element:
+        return math.ceil(trainable * per_element[name])
     if name in {OptimizerName.ADAM, OptimizerName.ADAMW}:
-        return math.ceil(2 * trainable * elem) + FP32 * num_tensors
+        return math.ceil(2 * trainable * param_dtype.itemsize) + FP32 * num_tensors
+    if name is OptimizerName.ADAFACTOR:
+        if shapes is None:
+            count = max(num_tensors, 1)
+            side = math.isqrt(max(trainable // count, 1))
+            shapes = [(side, side)] * count
+        return factored_state_bytes(shapes, itemsize=param_dtype.itemsize)
     big = trainable if large_tensor_params is None else large_tensor_params
     small = trainable - big
     blockwise = 2 * (big + FP32 * math.ceil(big / 256))
@@ -277,6 +324,7 @@ def model_state_bytes(
     training: bool = True,
     num_tensors: int = 0,
     autocast_params: int = 0,
+    shapes: Sequence[tuple[int, ...]] | None = None,
 ) -> ModelStates:
     """Weights, gradients and optimizer state of a model.
 
@@ -293,6 +341,7 @@ def model_state_bytes(
         training: ``False`` counts weights only.
         num_tensors: Number of trainable parameter tensors (for per-tensor state).
         autocast_params: Parameters that autocast casts to 16 bits (Linear/conv weights).
+        shapes: Shapes of the trainable tensors (Adafactor's factored state needs them).
 
     Example:
         >>> s = model_state_bytes(params=10**9, dtype="fp32", optimizer="adamw")
@@ -317,7 +366,7 @@ def model_state_bytes(
         return ModelStates(weights, 0, 0, 0, f"weights in {param_dtype.value}")
     gradients = math.ceil(train * param_dtype.itemsize)
     state = optimizer_state_bytes(
-        optimizer, trainable=train, param_dtype=param_dtype, num_tensors=num_tensors
+        optimizer, trainable=train, param_dtype=param_dtype, num_tensors=num_tensors, shapes=shapes
     )
     copies = math.ceil(autocast_params * compute.itemsize) if master else 0
     note = (

@@ -14,11 +14,12 @@ model returns one, the logits, and the largest transient of one block.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import (
     BlockSettings,
     block_terms,
@@ -36,7 +37,7 @@ from torchfit.memory.analytic.formulas import (
 )
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
-__all__ = ["adapters_only", "elem_of", "estimate_transformer"]
+__all__ = ["adapters_only", "elem_of", "estimate_transformer", "parameter_shapes"]
 
 #: Fewer than 1/10 of the parameters training is taken as adapters over a frozen base.
 _ADAPTER_SHARE = 10
@@ -62,6 +63,37 @@ def _largest_tensor(spec: TransformerSpec) -> int:
     return max(spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2)
 
 
+def parameter_shapes(spec: TransformerSpec) -> list[tuple[int, ...]]:
+    """The shapes of the model's parameter tensors, as the block layout gives them.
+
+    Exact in the matrices that dominate (embeddings, attention and MLP weights); norms and
+    biases are vectors of ``hidden``. Used where a per-tensor figure matters (Adafactor's
+    factored state), not for counting parameters (`TransformerSpec.num_params` is exact).
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> parameter_shapes(describe(GPT2Config(n_layer=1)))[:2]
+        [(50257, 768), (1024, 768)]
+    """
+    h, i, kv = spec.hidden, spec.intermediate, spec.kv_dim
+    shapes: list[tuple[int, ...]] = [(spec.vocab, h)]
+    if spec.family is not Family.LLAMA:
+        shapes.append((spec.max_positions, h))
+    if spec.family is Family.LLAMA:
+        block = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i), (h,), (h,)]
+    elif spec.family is Family.GPT2:
+        block = [(h, 3 * h), (3 * h,), (h, h), (h,), (h, i), (i,), (i, h), (h,), (h,)] + [(h,)] * 4
+    else:
+        block = [(h, h), (h,), (kv, h), (kv,), (kv, h), (kv,), (h, h), (h,), (i, h), (i,)]
+        block += [(h, i), (h,)] + [(h,)] * 4
+    shapes += block * spec.num_layers
+    shapes.append((h,))
+    if not spec.tied_embeddings:
+        shapes.append((spec.vocab, h))
+    return shapes
+
+
 def estimate_transformer(
     spec: TransformerSpec,
     *,
@@ -77,6 +109,9 @@ def estimate_transformer(
     use_cache: bool | None = None,
     device: str = "cuda",
     frozen_base: bool | None = None,
+    loop: Loop | None = None,
+    optimizer_in_backward: bool = False,
+    compute_dtype: str | DType | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -89,7 +124,8 @@ def estimate_transformer(
     step = parse_mode(mode)
     training = step is Mode.TRAIN
     weights_format = parse_dtype(dtype)
-    compute = DType.BF16 if weights_format.is_quantized else weights_format
+    quantized_compute = DType.BF16 if compute_dtype is None else parse_dtype(compute_dtype)
+    compute = quantized_compute if weights_format.is_quantized else weights_format
     mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
     opt = parse_optimizer(optimizer) if training else OptimizerName.NONE
     notes: list[str] = []
@@ -109,6 +145,7 @@ def estimate_transformer(
         optimizer=opt,
         training=training,
         num_tensors=spec.num_tensors if trainable == spec.num_params else 0,
+        shapes=parameter_shapes(spec) if trainable == spec.num_params else None,
         # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
         autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
@@ -147,6 +184,13 @@ def estimate_transformer(
             notes=notes,
         )
 
+    if opt.paged and device == "cuda":
+        notes.append(
+            f"paged optimizer: its {states.optimizer:,} bytes of state live in CUDA unified "
+            "memory (cudaMallocManaged), outside PyTorch's allocator: not in the allocated "
+            "peak, and evicted to host memory when the GPU runs short"
+        )
+        states = dataclasses.replace(states, optimizer=0)
     return _training_peak(
         spec,
         settings,
@@ -159,6 +203,8 @@ def estimate_transformer(
         trainable=trainable,
         gradient_checkpointing=gradient_checkpointing,
         notes=notes,
+        loop=Loop() if loop is None else loop,
+        in_backward=optimizer_in_backward,
     )
 
 
@@ -175,6 +221,8 @@ def _training_peak(
     trainable: int,
     gradient_checkpointing: bool,
     notes: list[str],
+    loop: Loop,
+    in_backward: bool,
 ) -> MemoryEstimate:
     """The larger of the start of backward and the optimizer step (module docstring)."""
     compute, device, opt = settings.dtype, settings.device, optimizer
@@ -200,6 +248,19 @@ def _training_peak(
     mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
     head_grad = math.ceil(spec.vocab * spec.hidden * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
+    if loop.keep_output:
+        # The caller's reference to the output keeps the logits alive through backward
+        # (lm_head's output: 16-bit under autocast or a 16-bit model, fp32 otherwise).
+        backward_start += math.ceil(tokens * spec.vocab * compute.itemsize)
+        notes.append("the forward's output (the logits) is kept through backward")
+    kept_grads = states.gradients if loop.gradients_during_forward else 0
+    if kept_grads:
+        why = (
+            f"{loop.accumulation_steps} accumulation steps"
+            if loop.accumulation_steps > 1
+            else "zero_grad(set_to_none=False)"
+        )
+        notes.append(f"gradients alive through forward and backward ({why})")
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
     elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
     if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
@@ -215,11 +276,18 @@ def _training_peak(
     # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
     tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
     step_temp = max(step_temp, tied_sum)
+    if in_backward:
+        # Each parameter steps as soon as its gradient is accumulated and the gradient is
+        # freed (torchtune's optimizer_in_bwd): no moment holds all gradients, and the
+        # step's temporaries are one tensor's.
+        step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
+        notes.append("optimizer step in backward: one parameter's gradient and update at a time")
+        backward_start = max(backward_start, activations + step_temp)
     # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
     # the optimizer step.
-    if backward_start + states.autocast_copies >= states.gradients + step_temp:
+    if in_backward or backward_start + states.autocast_copies >= states.gradients + step_temp:
         peak_at = "start of backward"
-        act, grads, workspace = activations, 0, backward_start - activations
+        act, grads, workspace = activations, kept_grads, backward_start - activations
         copies = states.autocast_copies
     else:
         peak_at = "optimizer step"
