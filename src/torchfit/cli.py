@@ -81,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
         help="one sample of a vision model, e.g. 3,380,380 (default: the config's image)",
     )
     plan.add_argument(
-        "--optimizer", default="adamw", help="sgd, sgd-momentum, adam, adamw, adamw-8bit"
+        "--optimizer",
+        default="adamw",
+        help="sgd, sgd-momentum, adam, adamw, adamw-8bit, paged-adamw-8bit, paged-adamw, "
+        "lion, adafactor",
     )
     plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     plan.add_argument(
@@ -102,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --inference: place the layers on the --gpus cards (accelerate), each "
         "keeping room for its KV cache and activations",
     )
+    _add_step_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
 
@@ -110,6 +114,47 @@ def _parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the model catalog")
     models.add_argument("--json", action="store_true")
     return parser
+
+
+def _add_step_flags(plan: argparse.ArgumentParser) -> None:
+    """Flags for how the training loop runs and what the CUDA stack is."""
+    plan.add_argument(
+        "--precision",
+        default=None,
+        help="Lightning's names: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true "
+        "(with it, --dtype stays auto or names a quantized base: nf4, int8)",
+    )
+    plan.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="N",
+        help="gradient accumulation steps (--batch is one micro-batch); gradients stay alive",
+    )
+    plan.add_argument(
+        "--zero-grad-in-place",
+        dest="set_to_none",
+        action="store_false",
+        help="zero_grad(set_to_none=False): gradients stay allocated between steps",
+    )
+    plan.add_argument(
+        "--keep-output",
+        action="store_true",
+        help="the forward's output stays referenced through backward (outputs.loss.backward())",
+    )
+    plan.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        help="each parameter steps during backward and its gradient is freed (torchtune)",
+    )
+    plan.add_argument(
+        "--cuda-version",
+        default=None,
+        help="the job's CUDA version (torch.version.cuda); before 11.7 the context is larger",
+    )
+    plan.add_argument(
+        "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
+    )
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -146,6 +191,13 @@ def _plan(args: argparse.Namespace) -> int:
         offload_params=args.offload_params,
         param_dtype=args.param_dtype,
         gpus_per_node=args.gpus_per_node,
+        precision=args.precision,
+        gradient_accumulation_steps=args.accumulate,
+        set_to_none=args.set_to_none,
+        keep_output=args.keep_output,
+        optimizer_in_backward=args.optimizer_in_backward,
+        cuda_version=args.cuda_version,
+        context_bytes=args.context,
     )
     if args.plot:
         from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415

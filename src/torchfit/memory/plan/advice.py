@@ -154,9 +154,18 @@ def _accumulation(
         return []
     micro = settings.batch_size // 2
     while micro >= 1:
-        total = reestimate({"batch_size": micro}).device_total
+        steps = math.ceil(settings.batch_size / micro)
+        # re-estimated with the accumulation: the gradients live through the micro-batches
+        changes = {
+            "batch_size": micro,
+            "gradient_accumulation_steps": steps * settings.gradient_accumulation_steps,
+            "optimizer_in_backward": False,
+        }
+        try:
+            total = reestimate(changes).device_total
+        except ValueError:  # the estimator cannot model accumulation for this model
+            return []
         if total <= budget or micro == 1:
-            steps = math.ceil(settings.batch_size / micro)
             return [
                 Advice(
                     f"batch {micro} x {steps} accumulation steps",

@@ -28,10 +28,26 @@ class Settings:
     offload_params: bool = False
     param_dtype: str | None = None
     gpus_per_node: int | None = None
+    precision: str | None = None
+    gradient_accumulation_steps: int = 1
+    set_to_none: bool = True
+    keep_output: bool = False
+    optimizer_in_backward: bool = False
+    cuda_version: str | None = None
+    context_bytes: int | None = None
+
+    def device(self) -> dict[str, Any]:
+        """The keyword arguments of `to_device` these settings stand for."""
+        return {"cuda_version": self.cuda_version, "context_bytes": self.context_bytes}
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `estimate` these settings stand for."""
         return {
+            "precision": self.precision,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "set_to_none": self.set_to_none,
+            "keep_output": self.keep_output,
+            "optimizer_in_backward": self.optimizer_in_backward,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,

@@ -13,8 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchfit._core.bisection import largest_fitting
-from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
-from torchfit._core.units import DType, format_bytes, parse_dtype
+from torchfit._core.step import (
+    Mode,
+    OptimizerName,
+    parse_mode,
+    parse_optimizer,
+    parse_precision_name,
+    resolve_numerics,
+)
+from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
@@ -74,7 +81,12 @@ class Plan:
     def __str__(self) -> str:
         """The breakdown, the verdict, the limits and the advice, as a report."""
         s = self.settings
-        what = f"{s.model}, {s.mode}, {s.dtype}, batch {s.batch_size}"
+        numbers = s.dtype if s.precision is None else s.precision
+        if s.precision is not None and s.dtype in {"int8", "nf4", "int4", "fp4"}:
+            numbers = f"{s.dtype} base, {s.precision}"
+        what = f"{s.model}, {s.mode}, {numbers}, batch {s.batch_size}"
+        if s.gradient_accumulation_steps > 1:
+            what += f" x {s.gradient_accumulation_steps} accumulation steps"
         what += f", seq {s.seq_len}" if s.seq_len else ""
         what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
         what += f", {s.optimizer}" if s.mode == "train" else ""
@@ -100,7 +112,7 @@ def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimat
     single = estimate(model, device="cuda", **settings.kwargs())
     if settings.strategy is not None and settings.mode == "train":
         single = _per_rank(model, settings, single)
-    return to_device(single, gpu=card)
+    return to_device(single, gpu=card, **settings.device())
 
 
 def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
@@ -183,6 +195,13 @@ def fits(
     offload_params: bool = False,
     param_dtype: str | DType | None = None,
     gpus_per_node: int | None = None,
+    precision: str | None = None,
+    gradient_accumulation_steps: int = 1,
+    set_to_none: bool = True,
+    keep_output: bool = False,
+    optimizer_in_backward: bool = False,
+    cuda_version: str | None = None,
+    context_bytes: int | str | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -214,6 +233,17 @@ def fits(
             parameters are 16-bit, so autocast makes no weight copies.
         gpus_per_node: GPUs per node for ``strategy="hsdp"`` (sharded within a node,
             replicated across nodes), and for the host memory offloading needs per node.
+        precision: Lightning's names (``"bf16-true"``, ``"bf16-mixed"``, ``"16-mixed"``,
+            ``"16-true"``, ``"32-true"``); see `estimate`. With it, ``dtype`` stays
+            ``"auto"`` or names a quantized base.
+        gradient_accumulation_steps: Micro-batches per optimizer step (``batch_size`` is
+            one micro-batch); see `estimate`.
+        set_to_none: ``zero_grad(set_to_none=...)``; see `estimate`.
+        keep_output: The output is referenced through backward; see `estimate`.
+        optimizer_in_backward: See `estimate`.
+        cuda_version: The CUDA version the job runs (``"11.2"``, ``"12.4"``): the CUDA
+            context is larger before 11.7 (see `cuda_context_bytes`).
+        context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -230,7 +260,14 @@ def fits(
             "(torchfit plan ... --gpus N --strategy fsdp --offload-optimizer)"
         )
     step = parse_mode(mode)
-    chosen = ("bf16" if card.bf16 else "fp16") if str(dtype) == "auto" else parse_dtype(dtype).value
+    auto = str(dtype) == "auto"
+    if precision is not None:
+        numerics = resolve_numerics(
+            precision=precision, dtype=None if auto else dtype, mixed_precision=None
+        )
+        chosen = numerics.weights.value
+    else:
+        chosen = ("bf16" if card.bf16 else "fp16") if auto else parse_dtype(dtype).value
     opt = parse_optimizer(optimizer) if step is Mode.TRAIN else OptimizerName.NONE
     settings = Settings(
         model=model if isinstance(model, str) else type(model).__name__,
@@ -249,6 +286,13 @@ def fits(
         offload_params=offload_params,
         param_dtype=_shard_param_dtype(param_dtype, strategy),
         gpus_per_node=gpus_per_node,
+        precision=None if precision is None else parse_precision_name(precision).value,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        set_to_none=set_to_none,
+        keep_output=keep_output,
+        optimizer_in_backward=optimizer_in_backward,
+        cuda_version=None if cuda_version is None else str(cuda_version),
+        context_bytes=None if context_bytes is None else parse_bytes(context_bytes),
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)
