@@ -59,7 +59,32 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "mixed_precision": False},
 }
 
-OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd", "adam-8bit": "adamw-8bit"}
+OPTIMIZERS = {
+    "adamw": "adamw",
+    "adam": "adam",
+    "sgd": "sgd",
+    "adam-8bit": "adamw-8bit",
+    "adamw-8bit": "adamw-8bit",
+    "adafactor": "adafactor",
+    "paged_adamw_32bit": "paged-adamw",
+    "paged_adamw_8bit": "paged-adamw-8bit",
+}
+
+#: How each framework's training loop runs, read from its source at the cited version:
+#: (zero_grad's set_to_none, whether the output is referenced through backward).
+#: - The 2022 Hugging Face Trainer zeroes with ``model.zero_grad()``, PyTorch 1.x's
+#:   default set_to_none=False, and computes the loss in ``compute_loss`` (outputs dropped).
+#: - Lit-GPT's finetune/lora.py keeps ``logits`` in scope across ``fabric.backward``.
+#: - torchtune's recipes ``del logits`` before backward.
+#: - A plain PyTorch / Fabric loop keeps ``outputs`` in scope (rasbt/pytorch-memory-optim).
+LOOPS: dict[str, dict[str, bool]] = {
+    "transformers Trainer": {"set_to_none": False, "keep_output": False},
+    "Lit-GPT": {"set_to_none": True, "keep_output": True},
+    "litgpt": {"set_to_none": True, "keep_output": True},
+    "torchtune": {"set_to_none": True, "keep_output": False},
+    "plain PyTorch": {"set_to_none": True, "keep_output": True},
+    "Lightning Fabric": {"set_to_none": True, "keep_output": True},
+}
 
 #: Which torchfit figure a published quantity is compared with.
 QUANTITY = {
@@ -127,11 +152,14 @@ def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
         return model, kwargs
-    if (case.gradient_accumulation_steps or 1) > 1:
-        raise NotExpressible("gradient accumulation (issue 14.4)")
+    kwargs["gradient_accumulation_steps"] = case.gradient_accumulation_steps or 1
     if case.optimizer not in OPTIMIZERS:
-        raise NotExpressible(f"optimizer {case.optimizer!r} (issue 14.5)")
+        raise NotExpressible(f"optimizer {case.optimizer!r}")
     kwargs["optimizer"] = OPTIMIZERS[case.optimizer]
+    loop = next((v for k, v in LOOPS.items() if (case.framework or "").startswith(k)), None)
+    if loop is None:
+        raise NotExpressible(f"the training loop of {case.framework!r} is not known")
+    kwargs.update(loop)
     tricks = set(case.other_tricks) - {"packed sequences"}
     if tricks:
         raise NotExpressible(f"not modelled: {', '.join(sorted(tricks))}")
@@ -150,7 +178,9 @@ def compare(case: published.Case, *, heldout: bool) -> Row:
     except NotExpressible as reason:
         return Row(case, heldout, reason=str(reason))
     card = gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
-    device: MemoryEstimate = to_device(estimate(model, **kwargs), gpu=card)
+    version = re.search(r"CUDA (\d+\.\d+)", case.cuda_torch or "")
+    cuda = None if version is None else version.group(1)
+    device: MemoryEstimate = to_device(estimate(model, **kwargs), gpu=card, cuda_version=cuda)
     if case.measured in {"fits", "oom"}:
         fits = device.device_total <= card.memory
         return Row(case, heldout, device.device_total, "fits" if fits else "oom")

@@ -58,6 +58,16 @@ class BlockSettings:
     device: str
     training: bool = True
     frozen_base: bool = False
+    autocast: bool = False
+
+    @property
+    def residual(self) -> float:
+        """Bytes per element of the residual stream: fp32 under autocast.
+
+        With fp32 weights the embeddings are fp32 and each block adds its 16-bit output
+        to them, which promotes the sum back to fp32; the norms read that fp32 stream.
+        """
+        return FP32 if self.autocast else self.dtype.itemsize
 
 
 def _dropout(spec_p: float, s: BlockSettings) -> float:
@@ -68,6 +78,12 @@ def _attention_per_token(
     spec: TransformerSpec, seq_len: int, s: BlockSettings, *, dropout: float
 ) -> float:
     """`attention_bytes` of one sequence of this block's attention, per token."""
+    # Llama-style eager attention upcasts the scores itself (softmax(..., dtype=float32)
+    # then .to(query.dtype)), and CUDA autocast runs softmax in fp32 for every family
+    # (the fp32_set_opt_dtype list of aten/src/ATen/autocast_mode.h).
+    fp32_softmax = (s.autocast and s.device == "cuda") or (
+        spec.family is Family.LLAMA and s.dtype.itemsize < FP32
+    )
     whole = attention_bytes(
         batch_size=1,
         seq_len=seq_len,
@@ -79,6 +95,7 @@ def _attention_per_token(
         dropout=dropout,
         num_kv_heads=spec.num_kv_heads,
         device=s.device,
+        fp32_softmax=fp32_softmax,
     )
     return whole / seq_len
 
@@ -102,12 +119,12 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     if spec.family is Family.GPT2:
         act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
         return [
-            Term("ln_1 input + mean/rstd", h * e + 2 * FP32),
+            Term("ln_1 input + mean/rstd", h * s.residual + 2 * FP32),
             Term("c_attn input", h * e),
             *_core(spec, seq_len, s),
             Term("c_proj input", h * e),
             Term("dropout masks (attn, mlp)", 2 * h * drop),
-            Term("ln_2 input + mean/rstd", h * e + 2 * FP32),
+            Term("ln_2 input + mean/rstd", h * s.residual + 2 * FP32),
             Term("c_fc input", h * e),
             Term(f"{spec.activation} intermediates", act * i * e),
             Term("mlp c_proj input", i * e),
@@ -115,7 +132,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     if spec.family is Family.LLAMA:
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
         # (kept for the weight's gradient only)
-        rms = h * FP32 + FP32 + (0 if s.frozen_base else h * e)
+        rms = h * FP32 + FP32 + (0 if s.frozen_base else h * s.residual)
         return [
             Term("input RMSNorm", rms),
             Term("q/k/v input", h * e),
@@ -131,7 +148,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         *_core(spec, seq_len, s),
         Term("attention output input", h * e),
         Term("dropout masks", 2 * h * drop),
-        Term("LayerNorm inputs + mean/rstd", 2 * (h * e + 2 * FP32)),
+        Term("LayerNorm inputs + mean/rstd", 2 * (h * s.residual + 2 * FP32)),
         Term("intermediate input", h * e),
         Term(f"{spec.activation} input", act * i * e),
         Term("output dense input", i * e),

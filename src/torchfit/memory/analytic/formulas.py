@@ -114,6 +114,7 @@ def attention_bytes(
     dropout: float = 0.0,
     num_kv_heads: int | None = None,
     device: str = "cuda",
+    fp32_softmax: bool = False,
 ) -> int:
     """What the attention core of one layer keeps alive, in bytes.
 
@@ -122,7 +123,10 @@ def attention_bytes(
     batched matmuls, the b·a·s² probabilities, and with dropout the b·a·s² mask and
     dropped probabilities. Flash / memory-efficient SDPA: Q, K, V, the output and the
     fp32 log-sum-exp — O(s), no s² term. Inference: the largest transient (eager: the
-    scores and the probabilities at once; flash: the output).
+    scores and the probabilities at once; flash: the output). ``fp32_softmax``: the
+    probabilities are computed in fp32 and cast back for the matmul (CUDA autocast, and
+    Llama-style eager attention), so softmax keeps its fp32 output and the matmul the
+    16-bit copy.
 
     Example:
         >>> eager = attention_bytes(batch_size=1, seq_len=2048, num_heads=32, head_dim=128,
@@ -152,9 +156,13 @@ def attention_bytes(
         qkv_out = tokens * (2 * hidden + 2 * kv_heads * head_dim) * elem
         return math.ceil(qkv_out + batch_size * num_heads * seq_len * FP32)
     # Q, K^T and V contiguous for bmm (K and V already expanded to a heads), probabilities
-    saved = 3 * tokens * hidden * elem + square * elem
+    probabilities = FP32 + elem if fp32_softmax and elem < FP32 else elem
+    saved = 3 * tokens * hidden * elem + square * probabilities
     if dropout > 0:
-        saved += square * (dropout_mask_bytes(parse_dtype(dtype), device) + elem)
+        # the mask, and the dropped probabilities the matmul saves (with an fp32 softmax
+        # its 16-bit cast, already counted above)
+        kept = 0 if fp32_softmax and elem < FP32 else elem
+        saved += square * (dropout_mask_bytes(parse_dtype(dtype), device) + kept)
     return math.ceil(saved)
 
 

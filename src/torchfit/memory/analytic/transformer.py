@@ -172,6 +172,7 @@ def estimate_transformer(
         training=training,
         frozen_base=training
         and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
+        autocast=training and mixed and compute.bits == 16,
     )
     if not training:
         return _inference(
