@@ -25,7 +25,6 @@ from torch import nn
 
 from torchfit._bnb.layout import held_bytes, quantized_weight_bytes
 from torchfit._bnb.selection import QuantSettings, make_plan, out_in
-from torchfit._core.ledger import storage_key
 from torchfit._core.tensors import own_tensors
 from torchfit._core.units import DType
 from torchfit.memory.allocator import approximate_reserved
@@ -51,25 +50,27 @@ Device = int | str
 def tensor_bytes(
     model: nn.Module, settings: QuantSettings | None
 ) -> dict[str, tuple[int, torch.Tensor]]:
-    """``{full tensor name: (bytes on a CUDA device, tensor)}``, each shared storage once.
+    """``{full tensor name: (bytes on a CUDA device, tensor)}``, each shared tensor once.
 
     With ``settings`` the layers `make_plan` picks (transformers' default skip list) hold
     a bitsandbytes weight: packed codes plus scales (`quantized_weight_bytes`, the rule
     `torchfit.quantize.quantized_footprint(device="cuda")` counts with), each tensor
     rounded to the allocator's 512-byte blocks. Every other tensor holds
     ``numel x itemsize`` of the dtype the meta model was built in, rounded the same way.
-    Tensors sharing a storage (`torchfit._core.ledger.storage_key`: tied weights) are
-    listed once, under the first name.
+
+    A tensor object registered under several names (a tied weight) is listed once, under
+    the first. Tensors are told apart as objects, not by storage
+    (`torchfit._core.ledger.storage_key`): accelerate places named tensors and ties
+    parameters by object (``find_tied_parameters``), and `proxy_model` swaps objects.
     """
     chosen = set(make_plan(model, settings, ()).quantize) if settings is not None else set()
-    seen: set[object] = set()
+    seen: set[int] = set()
     sizes: dict[str, tuple[int, torch.Tensor]] = {}
     for prefix, module in model.named_modules():
         for attr, tensor in own_tensors(module):
-            key = _identity(tensor)
-            if key in seen:
+            if id(tensor) in seen:
                 continue
-            seen.add(key)
+            seen.add(id(tensor))
             name = f"{prefix}.{attr}" if prefix else attr
             if settings is not None and prefix in chosen and attr == "weight":
                 codes, scales = quantized_weight_bytes(
@@ -88,29 +89,22 @@ def tensor_bytes(
 def proxy_model(model: nn.Module, sizes: Mapping[str, tuple[int, torch.Tensor]]) -> nn.Module:
     """Swap, in place, every tensor of a meta ``model`` for a uint8 meta tensor of its bytes.
 
-    Tied parameters stay tied (one proxy per storage, `tensor_bytes`' identity), so
-    accelerate still keeps them on one device; module names and buffer persistence are
-    unchanged.
+    Tied parameters stay tied (one proxy per original tensor), so accelerate still keeps
+    them on one device; module names and buffer persistence are unchanged.
     """
-    proxies: dict[object, torch.Tensor] = {}
+    proxies: dict[int, torch.Tensor] = {}
     for nbytes, tensor in sizes.values():
         empty = torch.empty(nbytes, dtype=torch.uint8, device="meta")
         is_param = isinstance(tensor, nn.Parameter)
-        proxies[_identity(tensor)] = nn.Parameter(empty, requires_grad=False) if is_param else empty
+        proxies[id(tensor)] = nn.Parameter(empty, requires_grad=False) if is_param else empty
     for module in model.modules():
         params: dict[str, Any] = module._parameters  # noqa: SLF001 - swapping in place
         buffers: dict[str, Any] = module._buffers  # noqa: SLF001
         for table in (params, buffers):
             for attr, held in list(table.items()):
-                if held is not None and _identity(held) in proxies:
-                    table[attr] = proxies[_identity(held)]
+                if held is not None and id(held) in proxies:
+                    table[attr] = proxies[id(held)]
     return model
-
-
-def _identity(tensor: torch.Tensor) -> object:
-    """The tensor's storage (`storage_key`); the tensor object itself when it has none."""
-    key = storage_key(tensor)
-    return ("tensor", id(tensor)) if key is None else key
 
 
 def decoder_layers(model: nn.Module, num_layers: int) -> list[str]:

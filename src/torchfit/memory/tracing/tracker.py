@@ -91,6 +91,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # id -> (raw bytes, category at allocation, module, phase, op), while recording
         self.history: dict[int, tuple[int, str, str, str, str]] = {}
         self.peak_where = ""
+        self._frozen: tuple[int, int] | None = (0, -1)  # (peak, index) outside start..stop
         self.module_stack: list[str] = []
         self.phase = "setup"
         self.ops = 0
@@ -124,13 +125,13 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     @property
     def peak(self) -> int:
-        """Peak live bytes since `start`."""
-        return self.ledger.peak
+        """Peak live bytes of the recorded step: from `start` to `stop` (0 before)."""
+        return self.ledger.peak if self._frozen is None else self._frozen[0]
 
     @property
     def peak_index(self) -> int:
-        """Index in `events` of the allocation that reached `peak`."""
-        return self.ledger.peak_index
+        """Index in `events` of the allocation that reached `peak` (-1 before `start`)."""
+        return self.ledger.peak_index if self._frozen is None else self._frozen[1]
 
     # -- storages -----------------------------------------------------------------
     def drain(self) -> None:
@@ -221,14 +222,17 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             record = self.records[entry.id]
             self.history[entry.id] = (record.raw, record.category, record.module, "start", "")
         self.peak_where = "start"
+        self._frozen = None
         self.rule_hits.clear()
         self.phase = "forward"
         return dropped
 
     def stop(self) -> None:
-        """Apply pending frees and stop recording."""
+        """Apply pending frees and stop recording; `peak` keeps the recorded step's."""
         self.drain()
         self.recording = False
+        if self._frozen is None:
+            self._frozen = (self.ledger.peak, self.ledger.peak_index)
 
     # -- where are we -------------------------------------------------------------
     def where(self) -> tuple[str, str]:
