@@ -87,7 +87,7 @@ def _new_events(events):
     return out
 
 
-@settings(max_examples=200)
+@settings(max_examples=120)
 @given(
     program=traced_programs(),
     block=st.sampled_from([1, 512]),
@@ -154,7 +154,7 @@ def _run_card(kind, program, *, capacity, used, tracked):
     return seen
 
 
-@settings(max_examples=200)
+@settings(max_examples=120)
 @given(
     program=programs(TENSOR_OPS, GROWTH_OPS, min_size=15, size=60),
     capacity=st.integers(2_000, 40_000),
@@ -191,7 +191,7 @@ def _run_live(counter, program, excluded):
     return seen
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(program=programs(TENSOR_OPS, [st.tuples(st.just("check"))], min_size=15, size=60))
 def test_live_bytes_counts_every_program_like_the_legacy_counter(program):
     excluded = [torch.ones(32, device="meta"), torch.ones(8, device="meta")]
