@@ -64,9 +64,7 @@ def test_memory_all_is_grouped_by_comment():
 
 
 def _all_modules():
-    return sorted(
-        info.name for info in pkgutil.walk_packages([str(SRC)], prefix="torchfit.")
-    )
+    return sorted(info.name for info in pkgutil.walk_packages([str(SRC)], prefix="torchfit."))
 
 
 def test_no_submodule_shares_a_name_with_what_its_package_exports():
@@ -103,7 +101,6 @@ def test_no_private_file_names_inside_packages():
 
 def test_no_file_past_the_size_guideline():
     long = {
-        str(path.relative_to(SRC)): len(path.read_text().splitlines())
-        for path in SRC.rglob("*.py")
+        str(path.relative_to(SRC)): len(path.read_text().splitlines()) for path in SRC.rglob("*.py")
     }
     assert {name: n for name, n in long.items() if n > 420} == {}

@@ -196,6 +196,15 @@ def test_inference_step_excludes_gradients():
     assert m.peak == live_bytes(model, x) + 8 * 256 * 4
 
 
+def test_live_bytes_counts_storages_once_skips_meta_and_refuses_storage_less_tensors():
+    w = torch.zeros(64)
+    tied = torch.nn.Parameter(w)  # another tensor object over the same storage
+    assert live_bytes(w, tied, w[10:], torch.zeros(8, device="meta")) == 256
+    assert live_bytes(w, w.clone()) == 512
+    with pytest.raises(ValueError, match=r"sparse_coo tensor of shape \(3, 3\) has none"):
+        live_bytes(torch.eye(3).to_sparse())
+
+
 def test_bad_device_and_mixed_devices():
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         measure_peak(lambda: None, device="tpu")

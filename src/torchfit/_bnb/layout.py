@@ -8,6 +8,8 @@ and checked to the byte against loaded models in the quantize tests. Both
 
 from __future__ import annotations
 
+from torchfit._core.ledger import CUDA_BLOCK, cuda_block_bytes
+
 __all__ = [
     "BLOCKSIZE",
     "CUDA_BLOCK",
@@ -16,6 +18,7 @@ __all__ = [
     "linear4bit_bytes",
     "linear4bit_tensors",
     "linear8bit_bytes",
+    "quantized_weight_bytes",
 ]
 
 #: Weights per 4-bit block: bitsandbytes ``quantize_4bit`` uses 64 when no blocksize is
@@ -24,10 +27,6 @@ BLOCKSIZE = 64
 #: Double quantization quantizes the fp32 absmax values again in blocks of 256
 #: (``quantize_4bit(compress_statistics=True)`` calls ``quantize_blockwise(..., blocksize=256)``).
 NESTED_BLOCKSIZE = 256
-#: The CUDA caching allocator hands out blocks of at least 512 bytes, rounded up to a
-#: multiple of 512 (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp): a 4-byte offset
-#: holds 512 bytes of GPU memory.
-CUDA_BLOCK = 512
 _FP32 = 4
 _BF16 = 2
 #: The 4-bit code book (``get_4bit_type``): 16 fp32 values, a fresh tensor for every layer.
@@ -44,13 +43,14 @@ def _ceil_div(a: int, b: int) -> int:
 def held_bytes(nbytes: int, device: str) -> int:
     """Bytes a tensor of ``nbytes`` really holds on ``device`` (``"cuda"`` rounds to 512).
 
+    The CUDA caching allocator hands out multiples of `CUDA_BLOCK` (512) bytes, so a
+    4-byte offset holds 512 bytes of GPU memory.
+
     Example:
         >>> held_bytes(4, "cuda"), held_bytes(4, "cpu"), held_bytes(0, "cuda")
         (512, 4, 0)
     """
-    if device == "cuda":
-        return _ceil_div(nbytes, CUDA_BLOCK) * CUDA_BLOCK
-    return nbytes
+    return cuda_block_bytes(nbytes) if device == "cuda" else nbytes
 
 
 def linear4bit_tensors(
@@ -132,3 +132,39 @@ def linear8bit_bytes(out_features: int, in_features: int) -> tuple[int, int]:
     if out_features < 0 or in_features < 0:
         raise ValueError(f"a layer shape must be >= 0; got {out_features} x {in_features}")
     return out_features * in_features, out_features * _FP32
+
+
+def quantized_weight_bytes(
+    out_features: int,
+    in_features: int,
+    *,
+    bits: int,
+    double_quant: bool,
+    device: str,
+    cpu_packed: bool = False,
+) -> tuple[int, int]:
+    """Bytes one bitsandbytes weight holds on ``device``: ``(packed weight, its scales)``.
+
+    The one per-tensor rule behind the quantized footprints and the device maps: LLM.int8
+    (``bits=8``, `linear8bit_bytes`) or 4-bit (`linear4bit_tensors`), each tensor (the
+    weight, every ``quant_state`` tensor) rounded on its own as ``device`` holds it
+    (`held_bytes`).
+
+    Example:
+        >>> quantized_weight_bytes(64, 64, bits=4, double_quant=False, device="cpu")
+        (2048, 320)
+        >>> quantized_weight_bytes(64, 64, bits=4, double_quant=False, device="cuda")
+        (2048, 1024)
+        >>> quantized_weight_bytes(64, 64, bits=8, double_quant=False, device="cuda")
+        (4096, 512)
+    """
+    if bits == 8:
+        weight, row_scales = linear8bit_bytes(out_features, in_features)
+        parts: tuple[int, ...] = (row_scales,)
+    elif bits == 4:
+        weight, parts = linear4bit_tensors(
+            out_features * in_features, double_quant=double_quant, cpu_packed=cpu_packed
+        )
+    else:
+        raise ValueError(f"bitsandbytes weights have 4 or 8 bits; got bits={bits!r}")
+    return held_bytes(weight, device), sum(held_bytes(part, device) for part in parts)

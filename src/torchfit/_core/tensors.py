@@ -1,4 +1,8 @@
-"""Every tensor reachable from a user's objects: one walk shared by measure, trace, batch."""
+"""Every tensor reachable from a user's objects: one walk shared by measure, trace, batch.
+
+`reachable_tensors` is that walk. `own_tensors` is one step of it for a single module,
+for counters that report module by module (the quantized footprints, device maps).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-__all__ = ["check_materialized", "reachable_tensors"]
+__all__ = ["check_materialized", "own_tensors", "reachable_tensors"]
 
 
 def _children(obj: object) -> list[object]:
@@ -46,6 +50,17 @@ def reachable_tensors(obj: object, seen: set[int] | None = None) -> Iterator[tor
         return
     for child in _children(obj):
         yield from reachable_tensors(child, seen)
+
+
+def own_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for the parameters, then the buffers, registered on ``module`` itself.
+
+    Example:
+        >>> [name for name, _ in own_tensors(torch.nn.BatchNorm1d(2))][:3]
+        ['weight', 'bias', 'running_mean']
+    """
+    yield from module.named_parameters(recurse=False)
+    yield from module.named_buffers(recurse=False)
 
 
 def check_materialized(model: nn.Module, *, what: str = "torchfit") -> None:

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
 from torchfit._core.step import (
     Mode,
     OptimizerFactory,
@@ -36,10 +37,6 @@ from torchfit._core.units import format_bytes
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 
 T = TypeVar("T")
-
-# CUDA's caching allocator rounds every block up to 512 bytes (kMinBlockSize in
-# c10/cuda/CUDACachingAllocator.cpp); tracked CUDA tensors are counted as it would.
-_CUDA_BLOCK = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,28 +83,36 @@ def live_bytes(*objects: object, device: str | None = None) -> int:
 
     Modules count their parameters, buffers and gradients; optimizers their parameters,
     gradients and state; dicts, lists and tuples their items. A storage shared by
-    several tensors (views, tied weights) counts once. On CUDA each storage is rounded
-    up to the allocator's 512-byte block.
+    several tensors (views, tied weights) counts once (`torchfit._core.ledger.storage_key`).
+    On CUDA each storage is rounded up to the allocator's 512-byte block. Meta tensors
+    hold no bytes and are skipped.
 
     Args:
         *objects: Tensors, modules, optimizers, or containers of them.
         device: Count only storages on this device type (``"cpu"``, ``"cuda"``); all when
             ``None``.
 
+    Raises:
+        ValueError: A tensor has no storage (sparse, nested).
+
     Example:
         >>> w = torch.zeros(10, 10)
         >>> live_bytes(w, w[0], [w.t()])
         400
     """
-    storages: dict[tuple[str, int], int] = {}
+    storages: dict[int, int] = {}
     for tensor in reachable_tensors(objects):
         if tensor.device.type == "meta" or (device is not None and tensor.device.type != device):
             continue
-        storage = tensor.untyped_storage()
+        storage = storage_of(tensor)
+        if storage is None:
+            raise ValueError(
+                f"live_bytes counts storages, and a {tensor.layout} tensor of shape "
+                f"{tuple(tensor.shape)} has none; pass its parts instead (for a sparse COO "
+                "tensor: t.indices() and t.values())"
+            )
         size = storage.nbytes()
-        if tensor.device.type == "cuda":
-            size = -(-size // _CUDA_BLOCK) * _CUDA_BLOCK
-        storages[(str(tensor.device), storage.data_ptr())] = size
+        storages[storage_key(storage)] = cuda_block_bytes(size) if tensor.is_cuda else size
     return sum(storages.values())
 
 

@@ -3,6 +3,12 @@
 `predict` turns a `Plan` into a `Footprint` from shapes alone (a meta-device model is
 enough); `measure` reads one from the tensors a model really holds, the bitsandbytes
 ``quant_state`` and LLM.int8 row scales included.
+
+Both count each storage once (`torchfit._core.ledger.storage_key`) and size a quantized
+weight with the rule the device maps use too (`torchfit._bnb.layout.quantized_weight_bytes`).
+They walk the model module by module (`torchfit._core.tensors.own_tensors`) rather than
+with `reachable_tensors`, because every row of a `Footprint` is one module's and a
+bitsandbytes ``quant_state`` is no module, container or tensor that walk follows.
 """
 
 from __future__ import annotations
@@ -14,22 +20,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._bnb.layout import BLOCKSIZE, held_bytes, linear4bit_tensors, linear8bit_bytes
+from torchfit._bnb.layout import BLOCKSIZE, held_bytes, quantized_weight_bytes
 from torchfit._bnb.selection import Plan, QuantSettings, out_in
+from torchfit._core.ledger import storage_key
+from torchfit._core.tensors import own_tensors
 from torchfit.quantize.result import Footprint, FootprintRow, summarize
 
 __all__ = ["measure", "predict", "predict_unquantized"]
 
 
-def _own_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from module.named_parameters(recurse=False)
-    yield from module.named_buffers(recurse=False)
+def _first_time(tensor: torch.Tensor, seen: set[int]) -> bool:
+    """Whether ``tensor``'s storage is met for the first time (then remembered in ``seen``).
 
-
-def _key(tensor: torch.Tensor) -> tuple[str, int]:
-    if tensor.device.type == "meta":
-        return ("meta", id(tensor))
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+    A tensor without a storage cannot be matched: it is always new.
+    """
+    key = storage_key(tensor)
+    if key in seen:
+        return False
+    if key is not None:
+        seen.add(key)
+    return True
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -48,17 +58,16 @@ def predict(
 ) -> Footprint:
     """The `Footprint` ``model`` will have once the layers in ``plan`` are quantized."""
     chosen = set(plan.quantize)
-    seen: set[tuple[str, int]] = set()
+    seen: set[int] = set()
     rows: list[FootprintRow] = []
     packed_layers = 0
     for name, module in model.named_modules():
         quantize = name in chosen
         kind = settings.quantized_kind if quantize else type(module).__name__
         params = qparams = qbytes = scales = other = 0
-        for attr, tensor in _own_tensors(module):
-            if _key(tensor) in seen:
+        for attr, tensor in own_tensors(module):
+            if not _first_time(tensor, seen):
                 continue
-            seen.add(_key(tensor))
             if isinstance(tensor, nn.Parameter):
                 params += tensor.numel()
             if not (quantize and attr == "weight"):
@@ -66,19 +75,20 @@ def predict(
                 continue
             qparams += tensor.numel()
             out_f, in_f = out_in(module)
-            if settings.bits == 8:
-                weight, row_scales = linear8bit_bytes(out_f, in_f)
-                parts: tuple[int, ...] = (row_scales,)
-            else:
-                # The CPU repack needs whole 32-row groups and whole blocks per row; torchfit
-                # switches it off for other layers (see torchfit.quantize.build.keep_cpu_layout).
-                packs = cpu_packed and out_f % 32 == 0 and in_f % BLOCKSIZE == 0
-                packed_layers += packs
-                weight, parts = linear4bit_tensors(
-                    tensor.numel(), double_quant=settings.double_quant, cpu_packed=packs
-                )
-            qbytes += held_bytes(weight, device)
-            scales += sum(held_bytes(p, device) for p in parts)
+            # The CPU repack needs whole 32-row groups and whole blocks per row; torchfit
+            # switches it off for other layers (see torchfit.quantize.build.keep_cpu_layout).
+            packs = settings.bits == 4 and cpu_packed and out_f % 32 == 0 and in_f % BLOCKSIZE == 0
+            packed_layers += packs
+            weight, held_scales = quantized_weight_bytes(
+                out_f,
+                in_f,
+                bits=settings.bits,
+                double_quant=settings.double_quant,
+                device=device,
+                cpu_packed=packs,
+            )
+            qbytes += weight
+            scales += held_scales
         rows.append(FootprintRow(kind, 1, params, qbytes, scales, other, qparams))
     notes = [f"left unquantized by the skip list: {', '.join(plan.skip) or 'nothing'}"]
     if device == "cuda":
@@ -94,14 +104,13 @@ def predict_unquantized(
     model: nn.Module, *, device: str, cast: torch.dtype | None = None
 ) -> Footprint:
     """The `Footprint` of ``model`` with nothing quantized, floating tensors in ``cast``."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[int] = set()
     rows: list[FootprintRow] = []
     for _, module in model.named_modules():
         params = other = 0
-        for _, tensor in _own_tensors(module):
-            if _key(tensor) in seen:
+        for _, tensor in own_tensors(module):
+            if not _first_time(tensor, seen):
                 continue
-            seen.add(_key(tensor))
             params += tensor.numel() if isinstance(tensor, nn.Parameter) else 0
             size = tensor.element_size()
             if cast is not None and tensor.is_floating_point():
@@ -152,23 +161,20 @@ def _layer_state_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def measure(model: nn.Module) -> Footprint:
     """The `Footprint` of the tensors ``model`` holds now, each distinct storage once."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[int] = set()
     rows: list[FootprintRow] = []
     methods: set[str] = set()
     devices = {t.device.type for _, t in model.named_parameters()} | {"cpu"}
     device = "cuda" if "cuda" in devices else "cpu"
 
     def take(tensor: torch.Tensor) -> int:
-        if _key(tensor) in seen:
-            return 0
-        seen.add(_key(tensor))
-        return _nbytes(tensor)
+        return _nbytes(tensor) if _first_time(tensor, seen) else 0
 
     for _, module in model.named_modules():
         params = qparams = qbytes = other = 0
         extra = _layer_state_tensors(module)
-        for _, tensor in _own_tensors(module):
-            if _key(tensor) in seen:
+        for _, tensor in own_tensors(module):
+            if storage_key(tensor) in seen:
                 continue
             method = _method_of(tensor)
             if method is None:

@@ -1,5 +1,6 @@
 """From allocated bytes to what the GPU shows: caching allocator, CUDA context, workspaces."""
 
+from torchfit.memory.allocator.caching import CachingAllocator
 from torchfit.memory.allocator.device import (
     CONTEXT_ENV_VAR,
     DEFAULT_CUDA_CONTEXT_BYTES,
@@ -22,7 +23,7 @@ from torchfit.memory.allocator.rules import (
     round_request,
     segment_size,
 )
-from torchfit.memory.allocator.simulator import CachingAllocator, replay
+from torchfit.memory.allocator.simulator import replay
 
 __all__ = [
     "CONTEXT_ENV_VAR",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 # Constants of c10/cuda/CUDACachingAllocator.cpp (kMinBlockSize -> K_MIN_BLOCK_SIZE, ...).
-K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: every block is a multiple of 512 bytes
+K_MIN_BLOCK_SIZE = CUDA_BLOCK  # kMinBlockSize: every block is a multiple of 512 bytes
 K_SMALL_SIZE = 1_048_576  # kSmallSize: the largest "small" request, 1 MiB
 K_SMALL_BUFFER = 2_097_152  # kSmallBuffer: small requests are packed into 2 MiB segments
 K_MIN_LARGE_ALLOC = 10_485_760  # kMinLargeAlloc: requests in (1, 10) MiB share 20 MiB segments

@@ -12,8 +12,9 @@ What the account sees: the outputs of every op dispatched while the context is a
 (forward, backward, optimizer step, factory functions, ``torch.tensor``), in-place growth
 (``resize_``, ``out=``) of storages it already counts, the storages of ``track=`` objects
 alive at entry, and ``used`` bytes. What it does not see: scratch a kernel allocates
-inside itself and frees before returning (FACTS.md: a ``Conv2d(32, 32, 3)`` step peaks at
-4.27 MB of real allocations where a dispatch-level tracker sees 2.13 MB); tensors made
+inside itself and frees before returning (measured here with torch 2.13 on the CPU: a
+training step of ``Conv2d(32, 32, 3)`` on an 8x32x32x32 input peaks at 4.27 MB of real
+allocations where a dispatch-level tracker sees 2.13 MB); tensors made
 outside dispatch (``torch.from_numpy``, DataLoader workers) or before entry and not
 tracked; ``UntypedStorage.resize_`` called directly; CUDA tensors; fake and meta tensors
 (a trace run inside the context costs the card nothing). The check runs when
@@ -26,14 +27,13 @@ no fragmentation, no CUDA context (pass ``used=`` to model one). It follows
 from __future__ import annotations
 
 import contextlib
-import functools
-import weakref
 from collections.abc import Iterator
 from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchfit._core.ledger import CUDA_BLOCK, Entry, Ledger, storage_key
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.gpus import GPU
@@ -41,20 +41,12 @@ from torchfit.memory.gpus.budget import budget_of
 
 __all__ = ["SimulatedGPU", "active_simulator", "paused", "simulate_gpu"]
 
-# CUDA's caching allocator rounds every block up to 512 bytes (kMinBlockSize in
-# c10/cuda/CUDACachingAllocator.cpp; FACTS.md), so memory_allocated counts rounded blocks.
-_CUDA_BLOCK = 512
-
 # Ops whose output is the (untracked) input itself but whose storage was made a moment
 # earlier, outside dispatch: torch.tensor([...]) and friends end in lift_fresh.
 _FRESH = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
 
 #: Simulators currently entered, innermost last (`find_batch_size` reads it).
 _ACTIVE: list[SimulatedGPU] = []
-
-
-def _rounded(nbytes: int) -> int:
-    return -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
 
 
 def _storage_of(tensor: torch.Tensor) -> torch.UntypedStorage | None:
@@ -78,14 +70,6 @@ def _leaves(value: object) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from _leaves(item)
-
-
-class _Entry:
-    __slots__ = ("ref", "size")
-
-    def __init__(self, ref: weakref.ref[torch.UntypedStorage], size: int) -> None:
-        self.ref = ref
-        self.size = size
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's class is untyped
@@ -140,15 +124,14 @@ class SimulatedGPU:
         self.demand = used
         self.ooms = 0
         self._track = track
-        self._tensor_bytes = 0
-        self._storages: dict[int, _Entry] = {}
+        self._ledger = Ledger(block=CUDA_BLOCK)
         self._mode: _Mode | None = None
         self._paused = 0
 
     @property
     def live(self) -> int:
         """Bytes counted as allocated now: `used` plus every live storage in the account."""
-        return self.used + self._tensor_bytes
+        return self.used + self._ledger.live
 
     @property
     def free(self) -> int:
@@ -168,11 +151,11 @@ class SimulatedGPU:
             )
         for tensor in reachable_tensors(self._track):
             storage = _storage_of(tensor)
-            if storage is not None:
-                self._register(storage, _rounded(storage.nbytes()))
+            if storage is not None and self._ledger.get(storage) is None:
+                self._ledger.add(storage)
         if self.live > self.capacity:
             held = self.live
-            self._forget()
+            self._ledger.clear()
             raise self._oom(0, held=held)
         self.reset_peak()
         self._mode = _Mode(self)
@@ -196,66 +179,51 @@ class SimulatedGPU:
 
     # -- accounting ---------------------------------------------------------------------
 
-    def _register(self, storage: torch.UntypedStorage, size: int) -> None:
-        key = id(storage)
-        if key in self._storages:
-            return
-        ref = weakref.ref(storage, functools.partial(self._freed, key))
-        self._storages[key] = _Entry(ref, size)
-        self._tensor_bytes += size
-
-    def _freed(self, key: int, _ref: object) -> None:
-        entry = self._storages.pop(key, None)
-        if entry is not None:
-            self._tensor_bytes -= entry.size
-
-    def _forget(self) -> None:
-        self._storages.clear()
-        self._tensor_bytes = 0
-
     def _account(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: object
     ) -> torch.OutOfMemoryError | None:
         if self._paused:
             return None
-        new, growth = self._classify(func, (args, kwargs), out)
-        request = sum(size for _, size in new.values())
-        request += sum(size - entry.size for entry, size in growth)
+        changes = self._classify(func, (args, kwargs), out)
+        request = sum(extra for _, extra in changes.values())
         if request and self.live + request > self.capacity:
             self.ooms += 1
             self.demand = max(self.demand, self.live + request)
             return self._oom(request)
-        for storage, size in new.values():
-            self._register(storage, size)
-        for entry, size in growth:
-            self._tensor_bytes += size - entry.size
-            entry.size = size
+        for storage, _ in changes.values():
+            self._ledger.add(storage)
         self.peak = max(self.peak, self.live)
         self.demand = max(self.demand, self.live)
         return None
 
     def _classify(
         self, func: Any, inputs: object, out: object
-    ) -> tuple[dict[int, tuple[torch.UntypedStorage, int]], list[tuple[_Entry, int]]]:
-        """Storages an op's outputs add (new) or grow (counted ones resized in place)."""
-        new: dict[int, tuple[torch.UntypedStorage, int]] = {}
-        growth: list[tuple[_Entry, int]] = []
-        input_ids: set[int] | None = None
+    ) -> dict[int, tuple[torch.UntypedStorage, int]]:
+        """Storages an op's outputs add (new) or grow (counted ones resized in place).
+
+        Returns ``{storage key: (storage, bytes it adds)}``. A storage that shrank is left
+        at its counted size, as before the ledger (tensor ops never shrink a storage).
+        """
+        changes: dict[int, tuple[torch.UntypedStorage, int]] = {}
+        input_keys: set[int] | None = None
         for tensor in _leaves(out):
             storage = _storage_of(tensor)
-            if storage is None or id(storage) in new:
+            if storage is None:
                 continue
-            size = _rounded(storage.nbytes())
-            entry = self._storages.get(id(storage))
+            key = storage_key(storage)
+            if key in changes:
+                continue
+            size = self._ledger.size_of(storage)
+            entry: Entry | None = self._ledger.get(storage)
             if entry is not None:
-                if size > entry.size:  # resize_ or an out= argument grew in place
-                    growth.append((entry, size))
+                if size > entry.nbytes:  # resize_ or an out= argument grew in place
+                    changes[key] = (storage, size - entry.nbytes)
                 continue
-            if input_ids is None:
-                input_ids = set() if func in _FRESH else _storage_ids(inputs)
-            if id(storage) not in input_ids:  # a view of an untracked input is not new memory
-                new[id(storage)] = (storage, size)
-        return new, growth
+            if input_keys is None:
+                input_keys = set() if func in _FRESH else _storage_keys(inputs)
+            if key not in input_keys:  # a view of an untracked input is not new memory
+                changes[key] = (storage, size)
+        return changes
 
     def _oom(self, request: int, *, held: int | None = None) -> torch.OutOfMemoryError:
         held = self.live if held is None else held
@@ -275,13 +243,13 @@ class SimulatedGPU:
         )
 
 
-def _storage_ids(value: object) -> set[int]:
-    ids = set()
+def _storage_keys(value: object) -> set[int]:
+    keys = set()
     for tensor in _leaves(value):
         storage = _storage_of(tensor)
         if storage is not None:
-            ids.add(id(storage))
-    return ids
+            keys.add(storage_key(storage))
+    return keys
 
 
 @contextlib.contextmanager
@@ -325,7 +293,8 @@ def simulate_gpu(
             (``"8GiB"``) or a GPU name from the catalog.
         track: Objects already holding tensors that belong on the card (model, optimizer,
             inputs): their storages count from the start, and their frees are seen.
-        used: Bytes taken before any tensor, e.g. the CUDA context (~300 MB, FACTS.md).
+        used: Bytes taken before any tensor, e.g. the CUDA context (about 300 MB: PyTorch
+            PR #86509 measured 287,047,680 bytes with lazy module loading).
 
     Returns:
         A `SimulatedGPU` to enter; it reports `live`, `peak`, `demand` and `ooms`.

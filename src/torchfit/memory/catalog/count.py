@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 from torch import nn
+
+from torchfit._core.ledger import view_key
 
 __all__ = ["count_parameters"]
 
@@ -13,10 +12,15 @@ __all__ = ["count_parameters"]
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """The exact number of distinct parameters: tied or shared weights count once.
 
-    A parameter registered under two names (a tied LM head) is one parameter. On real
-    devices, two parameter objects that view the same storage with the same offset,
-    shape and strides are also counted once; meta tensors have no storage, so there
-    only identity ties are seen.
+    A parameter registered under two names (a tied LM head) is one parameter, and so
+    are two parameter objects that are the same view of one storage (same storage,
+    offset, shape and strides: `torchfit._core.ledger.view_key`), on any device, meta
+    and fake tensors included. Different views of one storage (a fused QKV weight split
+    into three parameters) are different parameters.
+
+    The parameters come from ``model.parameters()``, not from the shared tensor walk
+    (`torchfit._core.tensors.reachable_tensors`): that walk also yields buffers and
+    gradients, which are not parameters.
 
     Args:
         model: Any ``nn.Module``, on any device (meta included).
@@ -31,27 +35,15 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"count_parameters needs an nn.Module; got {type(model).__name__}")
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[object] = set()
     total = 0
     for param in model.parameters():  # already yields each Parameter object once
         if trainable_only and not param.requires_grad:
             continue
-        key = _storage_key(param)
+        key = view_key(param)
         if key is not None:
             if key in seen:
                 continue
             seen.add(key)
         total += param.numel()
     return total
-
-
-def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return None
-    try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or otherwise storage-less tensors
-        return None
-    if pointer == 0:
-        return None
-    return (tensor.device, pointer, tensor.storage_offset(), tuple(tensor.shape), tensor.stride())

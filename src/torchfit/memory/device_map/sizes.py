@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchfit._bnb.layout import held_bytes, linear4bit_tensors, linear8bit_bytes
+from torchfit._bnb.layout import held_bytes, quantized_weight_bytes
 from torchfit._bnb.selection import QuantSettings, make_plan, out_in
+from torchfit._core.tensors import own_tensors
 from torchfit._core.units import DType
 from torchfit.memory.allocator import approximate_reserved
 from torchfit.memory.analytic.arch import TransformerSpec
@@ -46,40 +47,39 @@ __all__ = [
 Device = int | str
 
 
-def _own_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from module.named_parameters(recurse=False)
-    yield from module.named_buffers(recurse=False)
-
-
 def tensor_bytes(
     model: nn.Module, settings: QuantSettings | None
 ) -> dict[str, tuple[int, torch.Tensor]]:
     """``{full tensor name: (bytes on a CUDA device, tensor)}``, each shared tensor once.
 
     With ``settings`` the layers `make_plan` picks (transformers' default skip list) hold
-    a bitsandbytes weight: packed codes plus scales (4-bit: `linear4bit_tensors`; LLM.int8:
-    `linear8bit_bytes`), each tensor rounded to the allocator's 512-byte blocks as
-    `torchfit.quantize.quantized_footprint(device="cuda")` counts it. Every other tensor
-    holds ``numel x itemsize`` of the dtype the meta model was built in, rounded the same way.
+    a bitsandbytes weight: packed codes plus scales (`quantized_weight_bytes`, the rule
+    `torchfit.quantize.quantized_footprint(device="cuda")` counts with), each tensor
+    rounded to the allocator's 512-byte blocks. Every other tensor holds
+    ``numel x itemsize`` of the dtype the meta model was built in, rounded the same way.
+
+    A tensor object registered under several names (a tied weight) is listed once, under
+    the first. Tensors are told apart as objects, not by storage
+    (`torchfit._core.ledger.storage_key`): accelerate places named tensors and ties
+    parameters by object (``find_tied_parameters``), and `proxy_model` swaps objects.
     """
     chosen = set(make_plan(model, settings, ()).quantize) if settings is not None else set()
     seen: set[int] = set()
     sizes: dict[str, tuple[int, torch.Tensor]] = {}
     for prefix, module in model.named_modules():
-        for attr, tensor in _own_tensors(module):
+        for attr, tensor in own_tensors(module):
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
             name = f"{prefix}.{attr}" if prefix else attr
             if settings is not None and prefix in chosen and attr == "weight":
-                if settings.bits == 8:
-                    codes, scales = linear8bit_bytes(*out_in(module))
-                    nbytes = held_bytes(codes, "cuda") + held_bytes(scales, "cuda")
-                else:  # each quant_state tensor is an allocation of its own
-                    codes, parts = linear4bit_tensors(
-                        tensor.numel(), double_quant=settings.double_quant
-                    )
-                    nbytes = held_bytes(codes, "cuda") + sum(held_bytes(p, "cuda") for p in parts)
+                codes, scales = quantized_weight_bytes(
+                    *out_in(module),
+                    bits=settings.bits,
+                    double_quant=settings.double_quant,
+                    device="cuda",
+                )
+                nbytes = codes + scales
             else:
                 nbytes = held_bytes(tensor.numel() * tensor.element_size(), "cuda")
             sizes[name] = (nbytes, tensor)

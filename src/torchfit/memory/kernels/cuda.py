@@ -40,10 +40,10 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchfit._core.ledger import CUDA_BLOCK
+
 __all__ = ["CUDA_BLOCK", "FusedSdpa", "cuda_notes", "prefer_foreach"]
 
-#: CUDA caching allocator block (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp).
-CUDA_BLOCK = 512
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _DROPOUT = torch.nn.functional.dropout

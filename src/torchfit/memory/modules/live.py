@@ -9,31 +9,39 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from torchfit._core.ledger import Ledger
+
 __all__ = ["LiveBytes"]
 
 
 class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts the bytes of storages created under it while they live, and their peak.
 
-    Storages are Python objects with a lifetime tied to the tensor data (PyObject
-    preservation), so a weakref finalizer sees each free, also on the meta device.
+    A `Ledger` counts each output storage once and sees its free through a weak
+    reference (also on the meta device); storages grown in place count their new size.
     """
 
     def __init__(self) -> None:
         """Start with nothing counted."""
         super().__init__()  # type: ignore[no-untyped-call]
-        self.live = 0
-        self.peak = 0
-        self._seen: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        self.ledger = Ledger()
+        self._excluded: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+
+    @property
+    def live(self) -> int:
+        """Bytes of the counted storages alive now."""
+        return self.ledger.live
+
+    @property
+    def peak(self) -> int:
+        """Highest `live` so far."""
+        return self.ledger.peak
 
     def exclude(self, tensors: object) -> None:
         """Storages that exist already (parameters, inputs): their views cost nothing."""
         for leaf in tree_flatten(tensors)[0]:
             if isinstance(leaf, torch.Tensor):
-                self._seen.add(leaf.untyped_storage())
-
-    def _free(self, nbytes: int) -> None:
-        self.live -= nbytes
+                self._excluded.add(leaf.untyped_storage())
 
     def __torch_dispatch__(
         self,
@@ -47,10 +55,6 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
                 storage = leaf.untyped_storage()
-                if storage not in self._seen:
-                    self._seen.add(storage)
-                    nbytes = storage.nbytes()
-                    self.live += nbytes
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._free, nbytes)
+                if storage not in self._excluded:
+                    self.ledger.add(storage)
         return out

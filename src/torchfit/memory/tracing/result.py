@@ -6,13 +6,11 @@ import collections
 import dataclasses
 from typing import Any
 
+from torchfit._core.ledger import Event, round_up
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 from torchfit.memory.tracing.tracker import Tracker
 
 __all__ = ["Event", "Trace", "TracedStorage", "build_trace"]
-
-#: One allocator event: ``("alloc", id, nbytes)`` or ``("free", id)``.
-Event = tuple[str, int] | tuple[str, int, int]
 
 _CATEGORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "workspace")
 
@@ -47,8 +45,9 @@ class TracedStorage:
 class Trace:
     """A traced step: the estimate, plus every allocation and free in time order.
 
-    ``events`` is the list another tool can replay: ``("alloc", id, nbytes)`` and
-    ``("free", id)``, starting with one ``alloc`` per storage alive when the step starts
+    ``events`` is the list another tool can replay (`torchfit.memory.allocator.replay`
+    takes it as it is): `Event` ``("alloc", id, nbytes)`` and ``("free", id, nbytes)``
+    tuples, starting with one ``alloc`` per storage alive when the step starts
     (weights, gradients kept by ``set_to_none=False``, optimizer state, inputs). The
     running sum of live bytes peaks at `peak` (``== estimate.total``), reached at
     ``events[peak_index]``. Kernel scratch modelled by a rule appears as an ``alloc``
@@ -80,12 +79,9 @@ class Trace:
         table = self.estimate.layer_table(top=10)
         return f"{head}\n{self.estimate}\nat the peak, by module:\n{table}"
 
-    def allocator_events(self) -> list[tuple[int, int] | tuple[int]]:
-        """The events as ``torchfit.memory.allocator.replay`` takes them.
-
-        ``(id, nbytes)`` for an allocation and ``(id,)`` for a free, in the same order.
-        """
-        return [(e[1], e[2]) if e[0] == "alloc" else (e[1],) for e in self.events]  # type: ignore[misc]
+    def allocator_events(self) -> list[Event]:
+        """The events as ``torchfit.memory.allocator.replay`` takes them: `events` itself."""
+        return list(self.events)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values: the estimate, events as lists, storages as dicts."""
@@ -110,10 +106,10 @@ def _live_at_peak(tracker: Tracker) -> dict[int, str]:
         for storage_id, category in tags.get(index, ()):
             if storage_id in live:
                 live[storage_id] = category
-        if event[0] == "alloc":
-            live[event[1]] = tracker.history[event[1]][1]
+        if event.kind == "alloc":
+            live[event.id] = tracker.history[event.id][1]
         else:
-            live.pop(event[1], None)
+            live.pop(event.id, None)
     return live
 
 
@@ -148,7 +144,7 @@ def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[
     for storage_id, category in live.items():
         raw = tracker.history[storage_id][0]
         by_category[category] += raw
-        rounding += tracker._rounded(raw) - raw  # noqa: SLF001 - same module family
+        rounding += round_up(raw, tracker.block) - raw
     fields = {name: by_category[name] for name in _CATEGORY_FIELDS}
     estimate = MemoryEstimate(
         **fields,
@@ -162,7 +158,7 @@ def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[
     storages = tuple(
         TracedStorage(
             id=storage_id,
-            nbytes=tracker._rounded(raw),  # noqa: SLF001
+            nbytes=round_up(raw, tracker.block),
             raw=raw,
             category=live.get(storage_id, final.get(storage_id, category)),
             module=module,

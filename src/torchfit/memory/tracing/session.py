@@ -12,9 +12,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
 from torchfit.memory.kernels.cpu import workspace_rules
-from torchfit.memory.kernels.cuda import CUDA_BLOCK, FusedSdpa, cuda_notes, prefer_foreach
+from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
 from torchfit.memory.tracing.fake import fake_copy, reachable_tensors
 from torchfit.memory.tracing.result import Trace, build_trace
 from torchfit.memory.tracing.tracker import Tracker, UntraceableOpError

@@ -7,9 +7,9 @@ PyTorch keeps one Python object per storage while the storage lives, so the weak
 reference dies exactly when the storage does (the same mechanism as
 ``torch.distributed._tools.mem_tracker``; here owned and tested by torchfit).
 
-Frees are queued by the weak-reference callbacks and applied before the next lookup,
-so that a callback firing in the middle of an update cannot corrupt the counts, and a
-freed storage's Python id is never mistaken for a live one.
+The counting itself (one storage once, frees queued and applied before the next
+lookup, in-place resizes as a free and an allocation, the event list) is
+`torchfit._core.ledger.Ledger`'s; the tracker labels what it counts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from torchfit._core.ledger import Entry, Event, Ledger, storage_key
 from torchfit.memory.tracing.ops import (
     UntraceableOpError,
     is_composite,
@@ -70,7 +70,11 @@ class StorageRecord:
 
 
 class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts live storage bytes op by op; records events while `recording`."""
+    """Counts live storage bytes op by op; records events while `recording`.
+
+    The counting is a `Ledger`'s; the tracker adds what each storage is (category,
+    module, phase, op), the categories' changes (`tags`) and where the peak happened.
+    """
 
     def __init__(self, *, block: int = 1, workspace: WorkspaceFn | None = None) -> None:
         """Set up an empty tracker.
@@ -80,85 +84,94 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             workspace: Per-op kernel-scratch rules, or ``None``.
         """
         super().__init__()  # type: ignore[no-untyped-call]
-        self.block = block
+        self.ledger = Ledger(block=block)
         self.workspace = workspace
-        self.records: dict[int, StorageRecord] = {}  # by Python id of the storage
-        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
-        self._pending: collections.deque[int] = collections.deque()
-        self._next_id = 0
-        self.live = 0
-        self.recording = False
-        self.events: list[tuple[Any, ...]] = []
+        self.records: dict[int, StorageRecord] = {}  # by allocation id
         self.tags: list[tuple[int, int, str]] = []  # (event index, storage id, category)
         # id -> (raw bytes, category at allocation, module, phase, op), while recording
         self.history: dict[int, tuple[int, str, str, str, str]] = {}
-        self.peak = 0
-        self.peak_index = -1
         self.peak_where = ""
+        self._frozen: tuple[int, int] | None = (0, -1)  # (peak, index) outside start..stop
         self.module_stack: list[str] = []
         self.phase = "setup"
         self.ops = 0
         self.on_op: Callable[[], None] | None = None
         self.rule_hits: collections.Counter[str] = collections.Counter()
 
+    # -- the ledger's figures -------------------------------------------------------------
+    @property
+    def block(self) -> int:
+        """The rounding block (512 for CUDA, 1 for CPU)."""
+        return self.ledger.block
+
+    @property
+    def recording(self) -> bool:
+        """Whether allocations and frees are recorded as events."""
+        return self.ledger.recording
+
+    @recording.setter
+    def recording(self, value: bool) -> None:
+        self.ledger.recording = value
+
+    @property
+    def events(self) -> list[Event]:
+        """The recorded allocations and frees, in order."""
+        return self.ledger.events
+
+    @property
+    def live(self) -> int:
+        """Bytes alive now."""
+        return self.ledger.live
+
+    @property
+    def peak(self) -> int:
+        """Peak live bytes of the recorded step: from `start` to `stop` (0 before)."""
+        return self.ledger.peak if self._frozen is None else self._frozen[0]
+
+    @property
+    def peak_index(self) -> int:
+        """Index in `events` of the allocation that reached `peak` (-1 before `start`)."""
+        return self.ledger.peak_index if self._frozen is None else self._frozen[1]
+
     # -- storages -----------------------------------------------------------------
-    def _rounded(self, nbytes: int) -> int:
-        return -(-nbytes // self.block) * self.block
-
-    def _on_free(self, key: int, _ref: object) -> None:
-        self._pending.append(key)
-
     def drain(self) -> None:
         """Apply the frees queued by weak-reference callbacks."""
-        while self._pending:
-            key = self._pending.popleft()
-            record = self.records.pop(key, None)
-            self._refs.pop(key, None)
-            if record is None:
-                continue
-            self.live -= record.nbytes
-            if self.recording:
-                self.events.append(("free", record.id))
+        self.ledger.drain()
 
-    def _alloc(self, raw: int, category: str, module: str, op: str) -> StorageRecord:
-        nbytes = self._rounded(raw)
-        record = StorageRecord(self._next_id, nbytes, raw, category, module, self.phase, op)
-        self._next_id += 1
+    def _new_record(self, entry: Entry, category: str, module: str, op: str) -> StorageRecord:
+        record = StorageRecord(entry.id, entry.nbytes, entry.raw, category, module, self.phase, op)
+        self.records[entry.id] = record
         if self.recording:
-            self.history[record.id] = (raw, category, module, self.phase, op)
-        self.live += nbytes
-        if self.recording:
-            self.events.append(("alloc", record.id, nbytes))
-            if self.live > self.peak:
-                self.peak = self.live
-                self.peak_index = len(self.events) - 1
-                where = f"{self.phase}: {module}" if module else self.phase
-                self.peak_where = f"{where} [{op}]" if op else where
+            self.history[entry.id] = (entry.raw, category, module, self.phase, op)
         return record
+
+    def _note_peak(self, alloc_index: int, module: str, op: str) -> None:
+        """Remember where we are if the allocation at ``events[alloc_index]`` set the peak."""
+        if self.recording and self.ledger.peak_index == alloc_index:
+            where = f"{self.phase}: {module}" if module else self.phase
+            self.peak_where = f"{where} [{op}]" if op else where
+
+    def _register(
+        self, storage: torch.UntypedStorage, category: str, module: str, op: str
+    ) -> tuple[Entry, StorageRecord] | None:
+        entry, fresh = self.ledger.add(storage)
+        if not entry.nbytes:
+            return None
+        if not fresh:
+            return entry, self.records[entry.id]
+        previous = self.records.get(entry.previous)
+        if previous is not None:  # resized in place: the new allocation keeps its category
+            category = previous.category
+        record = self._new_record(entry, category, module, op)
+        self._note_peak(len(self.events) - 1, module, op)
+        return entry, record
 
     def register(
         self, storage: torch.UntypedStorage, category: str, *, module: str = "", op: str = ""
     ) -> StorageRecord | None:
         """Count ``storage`` as allocated now (once); return its record (None if empty)."""
-        self.drain()
-        key = id(storage)
-        record = self.records.get(key)
-        raw = storage.nbytes()
-        if record is not None:
-            if raw != record.raw:  # resized in place: a free and a new allocation
-                self.records.pop(key)
-                self.live -= record.nbytes
-                if self.recording:
-                    self.events.append(("free", record.id))
-                record = self._alloc(raw, record.category, module, op)
-                self.records[key] = record
-            return record
-        if raw == 0:
-            return None
-        record = self._alloc(raw, category, module, op)
-        self.records[key] = record
-        self._refs[key] = weakref.ref(storage, functools.partial(self._on_free, key))
-        return record
+        found = self._register(storage, category, module, op)
+        return None if found is None else found[1]
 
     def tag(self, tensor: torch.Tensor, category: str) -> None:
         """Give the storage behind ``tensor`` a new category (e.g. ``gradients``)."""
@@ -174,10 +187,11 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return
         if self.recording:
             self.rule_hits[op] += 1
-        record = self._alloc(nbytes, "workspace", module, f"{op} scratch")
-        self.live -= record.nbytes
+        entry = self.ledger.transient(nbytes)
         if self.recording:
-            self.events.append(("free", record.id))
+            label = f"{op} scratch"
+            self.history[entry.id] = (entry.raw, "workspace", module, self.phase, label)
+            self._note_peak(len(self.events) - 2, module, label)
 
     def start(self, baseline: Iterable[tuple[torch.Tensor, str, str]]) -> int:
         """Begin recording the measured step from the live ``baseline`` tensors.
@@ -192,34 +206,33 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             measurement does not count them either).
         """
         self.drain()
-        keep: dict[int, StorageRecord] = {}
+        keep: dict[int, tuple[Entry, StorageRecord]] = {}  # by storage key
         for tensor, category, label in baseline:
-            storage = tensor.untyped_storage()
-            if id(storage) in keep:
+            key = storage_key(tensor)
+            if key is None or key in keep:
                 continue
-            record = self.register(storage, category, module=label)
-            if record is not None:
-                record.category, record.module = category, label
-                keep[id(storage)] = record
-        dropped = 0
-        for key in [key for key in self.records if key not in keep]:
-            dropped += self.records.pop(key).nbytes
-            self._refs.pop(key, None)
-        self.live = sum(record.nbytes for record in self.records.values())
-        self.events, self.tags, self.history = [], [], {}
-        for record in self.records.values():
-            self.events.append(("alloc", record.id, record.nbytes))
-            self.history[record.id] = (record.raw, record.category, record.module, "start", "")
-        self.recording = True
-        self.peak, self.peak_index, self.peak_where = self.live, len(self.events) - 1, "start"
+            found = self._register(tensor.untyped_storage(), category, label, "")
+            if found is not None:
+                found[1].category, found[1].module = category, label
+                keep[key] = found
+        dropped = self.ledger.restart(entry for entry, _ in keep.values())
+        self.records = {record.id: record for _, record in keep.values()}
+        self.tags, self.history = [], {}
+        for entry in self.ledger.entries():
+            record = self.records[entry.id]
+            self.history[entry.id] = (record.raw, record.category, record.module, "start", "")
+        self.peak_where = "start"
+        self._frozen = None
         self.rule_hits.clear()
         self.phase = "forward"
         return dropped
 
     def stop(self) -> None:
-        """Apply pending frees and stop recording."""
+        """Apply pending frees and stop recording; `peak` keeps the recorded step's."""
         self.drain()
         self.recording = False
+        if self._frozen is None:
+            self._frozen = (self.ledger.peak, self.ledger.peak_index)
 
     # -- where are we -------------------------------------------------------------
     def where(self) -> tuple[str, str]:
