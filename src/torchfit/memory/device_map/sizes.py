@@ -25,6 +25,7 @@ from torch import nn
 
 from torchfit._bnb.layout import held_bytes, quantized_weight_bytes
 from torchfit._bnb.selection import QuantSettings, make_plan, out_in
+from torchfit._core.bisection import last_true
 from torchfit._core.tensors import own_tensors
 from torchfit._core.units import DType
 from torchfit.memory.allocator import approximate_reserved
@@ -223,11 +224,5 @@ def allocatable(budget: int) -> int:
     """
     if budget <= 0 or approximate_reserved(1) > budget:
         return 0
-    low, high = 1, budget  # approximate_reserved(x) >= x, so budget + 1 never fits
-    while high - low > 1:
-        mid = (low + high) // 2
-        if approximate_reserved(mid) <= budget:
-            low = mid
-        else:
-            high = mid
-    return low
+    # approximate_reserved(x) >= x, so budget + 1 never fits
+    return last_true(lambda x: approximate_reserved(x) <= budget, 1, budget + 1)

@@ -100,7 +100,7 @@ def trace_events(
     """Trace one step of ``model`` and return everything: estimate, events, storages.
 
     Takes the same arguments as `trace`; see there. The `Trace` adds the time-ordered
-    allocation events (``("alloc", id, nbytes)``, ``("free", id)``) that an allocator
+    allocation events (``("alloc", id, nbytes)``, ``("free", id, nbytes)``) that an allocator
     model can replay, and what each storage is.
 
     Example:
