@@ -37,6 +37,7 @@ __all__ = [
     "parse_mode",
     "parse_optimizer",
     "parse_precision_name",
+    "precision_dtypes",
     "resolve_numerics",
     "run_step",
 ]
@@ -338,3 +339,34 @@ def run_step(
         optimizer.zero_grad(set_to_none=loop.set_to_none)
     else:
         model.zero_grad(set_to_none=loop.set_to_none)
+
+
+def precision_dtypes(
+    precision: str | TrainingPrecision | None, autocast_dtype: torch.dtype | None
+) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """What a real or traced step does for ``precision``: (cast the model to, autocast in).
+
+    ``*-true`` converts a copy of the model; ``*-mixed`` runs forward and loss under
+    autocast; ``"32-true"`` does neither. Without ``precision``, ``autocast_dtype`` is used
+    as given.
+
+    Raises:
+        ValueError: ``autocast_dtype`` contradicts ``precision``.
+
+    Example:
+        >>> precision_dtypes("bf16-true", None)
+        (torch.bfloat16, None)
+        >>> precision_dtypes("16-mixed", None)
+        (None, torch.float16)
+    """
+    if precision is None:
+        return None, autocast_dtype
+    chosen = parse_precision_name(precision)
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[chosen.compute]
+    wanted = dtype if chosen.mixed else None
+    if autocast_dtype is not None and autocast_dtype != wanted:
+        raise ValueError(
+            f"autocast_dtype={autocast_dtype} contradicts precision={chosen.value!r} "
+            f"(which autocasts to {wanted}); pass only precision="
+        )
+    return (None if chosen.mixed else dtype), wanted

@@ -25,10 +25,12 @@ from torch import nn
 
 from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
 from torchfit._core.step import (
+    Loop,
     Mode,
     OptimizerFactory,
     make_optimizer,
     parse_mode,
+    precision_dtypes,
     run_step,
 )
 from torchfit._core.tensors import reachable_tensors
@@ -276,6 +278,9 @@ def measure_step(
     autocast_dtype: torch.dtype | None = None,
     set_to_none: bool = True,
     device: str | None = None,
+    precision: str | None = None,
+    gradient_accumulation_steps: int = 1,
+    keep_output: bool = False,
 ) -> Measurement[None]:
     """Measure the real steady-state peak of one step, leaving ``model`` untouched.
 
@@ -297,6 +302,9 @@ def measure_step(
             (``torch.bfloat16``/``torch.float16``), as `trace` does with the same argument.
         set_to_none: Passed to ``zero_grad``; ``False`` keeps gradients alive between steps.
         device: See `measure_peak`.
+        precision: As in `trace`: ``"*-true"`` converts the copy, ``"*-mixed"`` autocasts.
+        gradient_accumulation_steps: Micro-batches per optimizer step, as in `trace`.
+        keep_output: Keep the output referenced through backward, as in `trace`.
 
     Returns:
         The `Measurement` of the measured step; ``tracked`` covers the copied model, its
@@ -309,6 +317,17 @@ def measure_step(
         True
     """
     step_mode = parse_mode(mode)
+    cast, autocast_dtype = precision_dtypes(precision, autocast_dtype)
+    loop = Loop(
+        accumulation_steps=gradient_accumulation_steps,
+        set_to_none=set_to_none,
+        keep_output=keep_output,
+    )
+    if cast is not None and isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"precision={precision!r} converts a copy of the model, which an optimizer "
+            "built over the original cannot follow; pass the optimizer by name or factory"
+        )
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         opt: torch.optim.Optimizer | None
@@ -316,6 +335,8 @@ def measure_step(
             work, opt = copy.deepcopy((model, optimizer))
         else:
             work = copy.deepcopy(model)
+            if cast is not None:
+                work.to(cast)
             opt = make_optimizer(optimizer, work.parameters()) if step_mode is Mode.TRAIN else None
         work.train(step_mode is Mode.TRAIN)
 
@@ -327,7 +348,7 @@ def measure_step(
                 optimizer=opt,
                 loss_fn=loss_fn,
                 autocast_dtype=autocast_dtype,
-                set_to_none=set_to_none,
+                loop=loop,
             )
 
         if step_mode is Mode.TRAIN:

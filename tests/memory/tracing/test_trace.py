@@ -13,8 +13,8 @@ from torch import nn
 from torchfit.memory.kernels.cpu import CpuRules, cpu_block
 from torchfit.memory.kernels.onednn import backward_scratch, reducer_bytes
 from torchfit.memory.measure import measure_peak, measure_step
+from torchfit.memory.tracing import trace, trace_events, trace_step
 from torchfit.memory.tracing.ops import match_cpu_layout
-from torchfit.memory.tracing.tracer import trace, trace_events, trace_step
 
 # The target: the traced total within 1% of the measured peak.
 TOLERANCE = 0.01

@@ -1,7 +1,8 @@
 """The traced estimator: the real step on fake tensors, its live storages counted op by op."""
 
 from torchfit.memory.tracing.result import Event, Trace, TracedStorage
-from torchfit.memory.tracing.tracer import TraceDevice, trace, trace_events, trace_step
+from torchfit.memory.tracing.tracer import TraceDevice, trace, trace_events
+from torchfit.memory.tracing.user_step import trace_step
 
 __all__ = [
     "Event",

@@ -30,10 +30,12 @@ import torch
 from torch import nn
 
 from torchfit._core.step import (
+    Loop,
     Mode,
     OptimizerFactory,
     make_optimizer,
     parse_mode,
+    precision_dtypes,
     run_step,
 )
 from torchfit._core.tensors import check_materialized
@@ -45,7 +47,7 @@ from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode
 if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
 
-__all__ = ["TraceDevice", "trace", "trace_events", "trace_step"]
+__all__ = ["TraceDevice", "cast_floating", "parse_device", "trace", "trace_events"]
 
 
 class TraceDevice(enum.StrEnum):
@@ -55,7 +57,8 @@ class TraceDevice(enum.StrEnum):
     CUDA = "cuda"
 
 
-def _parse_device(value: str | TraceDevice) -> TraceDevice:
+def parse_device(value: str | TraceDevice) -> TraceDevice:
+    """The target device of a trace: ``"cpu"`` or ``"cuda"`` (``"cuda:0"`` too)."""
     key = str(value).strip().lower()
     key = key.split(":", 1)[0]  # "cuda:0" -> "cuda"
     try:
@@ -65,6 +68,26 @@ def _parse_device(value: str | TraceDevice) -> TraceDevice:
             f"unsupported trace device {value!r}; expected 'cpu' or 'cuda' (the trace runs "
             "on fake CPU tensors and models the target device's allocator)"
         ) from None
+
+
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give ``model``'s floating parameters and buffers ``dtype``, keeping tied ones tied.
+
+    ``nn.Module.to`` would swap each tensor in place, which fake tensors (weakly
+    referenced by their mode) refuse; new tensors are set instead.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):  # noqa: SLF001 - set in place
+            for name, tensor in list(table.items()):
+                if tensor is None or not tensor.is_floating_point():
+                    continue
+                if id(tensor) not in memo:
+                    data = tensor.detach().to(dtype)
+                    is_param = isinstance(tensor, nn.Parameter)
+                    new = nn.Parameter(data, tensor.requires_grad) if is_param else data
+                    memo[id(tensor)] = new
+                table[name] = memo[id(tensor)]  # type: ignore[assignment]
 
 
 def _model_baseline(
@@ -96,6 +119,9 @@ def trace_events(
     set_to_none: bool = True,
     device: str = "cpu",
     progress: bool = False,
+    precision: str | None = None,
+    gradient_accumulation_steps: int = 1,
+    keep_output: bool = False,
 ) -> Trace:
     """Trace one step of ``model`` and return everything: estimate, events, storages.
 
@@ -113,8 +139,19 @@ def trace_events(
     """
     check_materialized(model, what="trace")
     _check_no_quantized_parameters(model)
+    cast, autocast_dtype = precision_dtypes(precision, autocast_dtype)
+    if cast is not None and isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"precision={precision!r} converts a copy of the model, which an optimizer "
+            "built over the original cannot follow; pass the optimizer by name or factory"
+        )
+    loop = Loop(
+        accumulation_steps=gradient_accumulation_steps,
+        set_to_none=set_to_none,
+        keep_output=keep_output,
+    )
     step_mode = parse_mode(mode)
-    target = _parse_device(device)
+    target = parse_device(device)
     training = step_mode is Mode.TRAIN
     fake_mode = new_fake_mode()
     fake_opt: torch.optim.Optimizer | None
@@ -125,6 +162,9 @@ def trace_events(
     else:
         fake_model, fake_inputs = copy_to_fake((model, example_inputs), fake_mode)
         fake_opt = None
+        if cast is not None:
+            with fake_mode:
+                cast_floating(fake_model, cast)
         if training:
             with fake_mode:
                 fake_opt = make_optimizer(optimizer, fake_model.parameters())
@@ -136,12 +176,18 @@ def trace_events(
         mode=step_mode,
         optimizer=fake_opt,
         loss_fn=loss_fn,
-        set_to_none=set_to_none,
         autocast_dtype=autocast_dtype,
+        loop=loop,
     )
     if training:
         what = type(fake_opt).__name__ if fake_opt is not None else "no optimizer"
-        describe = f"forward, loss, backward, {what} step, zero_grad(set_to_none={set_to_none})"
+        micro = f"{loop.accumulation_steps} x (forward, loss, backward)"
+        passes = "forward, loss, backward" if loop.accumulation_steps == 1 else micro
+        describe = f"{passes}, {what} step, zero_grad(set_to_none={set_to_none})"
+        if keep_output:
+            describe += "; the output kept through backward"
+        if cast is not None:
+            describe += f"; the model in {cast} ({precision})"
     else:
         describe = "forward under torch.inference_mode"
     if autocast_dtype is not None:
@@ -176,6 +222,9 @@ def trace(
     device: str = "cpu",
     progress: bool = False,
     gpu: str | GPU | None = None,
+    precision: str | None = None,
+    gradient_accumulation_steps: int = 1,
+    keep_output: bool = False,
 ) -> MemoryEstimate:
     """Predict the peak memory of one step by running it on fake tensors.
 
@@ -210,6 +259,12 @@ def trace(
         progress: Show a tqdm progress bar (needs tqdm).
         gpu: With ``device="cuda"``: the card (name or `GPU`), for its CUDA context and
             cuBLAS workspace; ``None``: the defaults for an unknown card.
+        precision: Lightning's names, as in `estimate`: ``"*-true"`` traces a copy of
+            the model converted to 16 bits, ``"*-mixed"`` autocasts forward and loss.
+        gradient_accumulation_steps: Micro-batches (each ``example_inputs``) per
+            optimizer step; gradients accumulate across them.
+        keep_output: Keep the forward's output referenced through backward, as
+            ``outputs = model(**batch); outputs.loss.backward()`` does.
 
     Returns:
         A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
@@ -243,6 +298,9 @@ def trace(
         set_to_none=set_to_none,
         device=device,
         progress=progress,
+        precision=precision,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        keep_output=keep_output,
     )
     if device != "cuda":
         return result.estimate
@@ -254,104 +312,6 @@ def trace(
         notes=tuple(n for n in result.estimate.notes if "workspaces are not in" not in n)
     )
     return to_device(estimate, gpu=gpu, events=result.allocator_events())
-
-
-def _step_baseline(objects: tuple[Any, ...]) -> Callable[[], list[tuple[torch.Tensor, str, str]]]:
-    """trace_step: categories of what the user's objects hold when the step starts."""
-
-    def baseline() -> list[tuple[torch.Tensor, str, str]]:
-        leaves = _flatten(objects)
-        rows: list[tuple[torch.Tensor, str, str]] = []
-        for module in (m for m in leaves if isinstance(m, nn.Module)):
-            rows += [(t, "weights", "(weights)") for t in (*module.parameters(), *module.buffers())]
-        tensors = list(reachable_tensors(objects))
-        rows += [(t, "weights", "(weights)") for t in tensors if isinstance(t, nn.Parameter)]
-        rows += [(t.grad, "gradients", "(gradients)") for t in tensors if t.grad is not None]
-        for opt in (o for o in leaves if isinstance(o, torch.optim.Optimizer)):
-            for state in opt.state.values():
-                rows += [(t, "optimizer", "(optimizer)") for t in reachable_tensors(state)]
-        rows += [(t, "activations", "(inputs)") for t in tensors]
-        return rows
-
-    return baseline
-
-
-def _flatten(obj: object) -> list[Any]:
-    if isinstance(obj, dict):
-        return [leaf for value in obj.values() for leaf in _flatten(value)]
-    if isinstance(obj, list | tuple):
-        return [leaf for value in obj for leaf in _flatten(value)]
-    return [obj]
-
-
-def trace_step(
-    fn: Callable[..., object],
-    *args: Any,
-    device: str = "cpu",
-    warmup: int = 1,
-    autocast_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    **kwargs: Any,
-) -> Trace:
-    """Trace the user's own training step ``fn(*args, **kwargs)`` on fake copies.
-
-    Modules, optimizers and tensors in ``args``/``kwargs`` (also inside lists, tuples
-    and dicts) are copied together to fake tensors, so an optimizer still points at its
-    model's parameters; ``fn`` runs ``warmup`` times, then once more while every
-    allocation is recorded. The user's objects are never touched. ``device``,
-    ``warmup``, ``autocast_dtype`` and ``progress`` are options of the trace; every
-    other keyword goes to ``fn``.
-
-    Args:
-        fn: One step, e.g. ``def step(model, opt, x, y): ...`` doing forward, loss,
-            backward and ``opt.step()``.
-        *args: Passed to ``fn`` (as fake copies).
-        device: ``"cpu"`` or ``"cuda"``, as in `trace`.
-        warmup: Steps run before the measured one (1: optimizer state exists).
-        autocast_dtype: Run under ``torch.autocast("cpu", dtype=...)``.
-        progress: Show a tqdm progress bar.
-        **kwargs: Passed to ``fn`` (as fake copies).
-
-    Returns:
-        A `Trace`; its ``estimate`` compares with ``measure_peak(fn, *args,
-        track=args)`` run after the same warm-up.
-
-    Raises:
-        RuntimeError: ``fn`` runs an op fake tensors cannot run (see `trace`).
-
-    Example:
-        >>> def step(model, opt, x):
-        ...     model(x).square().mean().backward()
-        ...     opt.step()
-        ...     opt.zero_grad()
-        >>> net = torch.nn.Linear(32, 32)
-        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-        >>> t = trace_step(step, net, opt, torch.randn(16, 32))
-        >>> t.estimate.optimizer == 4 * (32 * 32 + 32)  # momentum buffers
-        True
-    """
-    target = _parse_device(device)
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0 steps; got {warmup}")
-    fake_mode = new_fake_mode()
-    fake_args, fake_kwargs = copy_to_fake((args, kwargs), fake_mode)
-    objects = (fake_args, fake_kwargs)
-    found = [(f"arg{i}", m) for i, m in enumerate(fake_args) if isinstance(m, nn.Module)]
-    found += [(k, m) for k, m in fake_kwargs.items() if isinstance(m, nn.Module)]
-    modules = [("", found[0][1])] if len(found) == 1 else found
-    session = Session(
-        objects=objects,
-        modules=modules,
-        step=lambda: fn(*fake_args, **fake_kwargs),
-        baseline=_step_baseline(objects),
-        device=target.value,
-        warmup=warmup,
-        autocast_dtype=autocast_dtype,
-        progress=progress,
-        describe=f"the user's step {getattr(fn, '__qualname__', repr(fn))}",
-        fake_mode=fake_mode,
-    )
-    return run_session(session)
 
 
 def _check_no_quantized_parameters(model: nn.Module) -> None:
