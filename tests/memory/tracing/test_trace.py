@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from torchfit.memory.kernels.cpu import CpuRules, cpu_block
-from torchfit.memory.kernels.onednn import backward_scratch, reducer_bytes
+from torchfit.memory.kernels.onednn import backward_scratch
+from torchfit.memory.kernels.onednn_scratchpad import reducer_bytes
 from torchfit.memory.measure import measure_peak, measure_step
 from torchfit.memory.tracing.ops import match_cpu_layout
 from torchfit.memory.tracing.tracer import trace, trace_events, trace_step
