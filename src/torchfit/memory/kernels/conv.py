@@ -14,14 +14,13 @@ quoted at each rule.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torchfit.memory.kernels.layout import cpu_twin
 from torchfit.memory.kernels.machine import CpuMachine
 from torchfit.memory.kernels.onednn import backward_scratch
 from torchfit.memory.kernels.onednn_groups import (
@@ -37,21 +36,6 @@ __all__ = ["conv_backend", "conv_backward", "conv_forward"]
 _SLOW = frozenset({"Slow2d", "Slow3d", "SlowDilated2d", "SlowDilated3d"})
 
 
-@functools.cache
-def _fake_mode() -> FakeTensorMode:
-    return FakeTensorMode()
-
-
-def _on_cpu(tensor: Any) -> Any:
-    """A CPU twin of a meta tensor (a fake one: nothing allocated); others as they are."""
-    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
-        return tensor
-    with _fake_mode():
-        return torch.empty_strided(
-            tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype, device="cpu"
-        )
-
-
 def conv_backend(args: Sequence[Any]) -> str:
     """The backend ATen's CPU convolution takes for these arguments (``Mkldnn``, ...).
 
@@ -65,9 +49,9 @@ def conv_backend(args: Sequence[Any]) -> str:
     """
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = args[:9]
     backend = torch._C._select_conv_backend(  # noqa: SLF001 - the same choice the kernel makes
-        _on_cpu(x),
-        _on_cpu(w),
-        _on_cpu(b),
+        cpu_twin(x),
+        cpu_twin(w),
+        cpu_twin(b),
         stride,
         padding,
         dilation,

@@ -5,7 +5,7 @@ allocates inside itself (oneDNN reorders, per-thread partial sums, ``.contiguous
 copies of its inputs). Each rule returns the bytes by which the op's real peak exceeds
 its outputs: the tracker counts them as a transient allocation, alive together with the
 outputs, freed when the op returns. The analytic module estimate asks the same rules,
-with the same arguments, for the calls each layer makes (`scratch_of`).
+with the same arguments, for the calls each layer makes (`torchfit.memory.kernels.calls`).
 
 Every rule was found by measuring: a real step ran under ``torch.profiler`` with each
 ATen op wrapped in a ``record_function``, and the allocator events inside each op were
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ import torch
 from torchfit.memory.kernels import attention, conv, embedding, matmul, norms
 from torchfit.memory.kernels.machine import CpuMachine, cpu_block, this_cpu
 
-__all__ = ["CpuRules", "KernelCall", "cpu_block", "scratch_of", "workspace_rules"]
+__all__ = ["CpuRules", "cpu_block", "has_rule", "workspace_rules"]
 
 aten = torch.ops.aten
 
@@ -76,36 +76,14 @@ class CpuRules(CpuMachine):
         return 0 if rule is None else max(0, rule(self, args, kwargs, out))
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelCall:
-    """One ATen call as a rule sees it: the op, its arguments and its outputs.
-
-    The tracer builds none (it calls the rules on each op as it runs); the analytic
-    module estimate records these on meta tensors, one list per layer and phase.
-    """
-
-    func: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    out: Any
-
-
-def scratch_of(calls: Iterable[KernelCall], device: str) -> int:
-    """The largest scratch of ``calls`` under the rules for ``device`` (0 without rules).
-
-    The calls of one layer run one after another, each freeing its scratch on return,
-    so the layer's scratch peak is the largest one.
+def has_rule(func: Any) -> bool:
+    """Whether some device's rules give ``func`` scratch (the calls worth recording).
 
     Example:
-        >>> x = torch.empty(8, 24, device="meta")
-        >>> call = KernelCall(torch.ops.aten.native_batch_norm.default, (x,), {}, None)
-        >>> scratch_of([call], "cpu"), scratch_of([call], "cuda")
-        (384, 0)
+        >>> has_rule(torch.ops.aten.convolution.default), has_rule(torch.ops.aten.relu.default)
+        (True, False)
     """
-    rules = workspace_rules(device)
-    if rules is None:
-        return 0
-    return max((rules(c.func, c.args, c.kwargs, c.out) for c in calls), default=0)
+    return func in _RULES
 
 
 @functools.cache

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from torchfit.memory.analytic.formulas import sdpa_is_flash
 
-__all__ = ["sdpa_as_on_device", "split_inputs", "to_meta", "training_flags"]
+__all__ = [
+    "autograd_label",
+    "label_graph",
+    "sdpa_as_on_device",
+    "split_inputs",
+    "to_meta",
+    "training_flags",
+]
+
+#: Key under which a layer name is stored in an autograd node's metadata.
+_NODE_KEY = "torchfit.layer"
 
 
 def split_inputs(inputs: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -88,3 +99,43 @@ def to_meta(dtype: torch.dtype | None) -> Callable[[Any], Any]:
         return meta.requires_grad_(value.requires_grad) if meta.is_floating_point() else meta
 
     return convert
+
+
+def _tensors(output: object) -> list[torch.Tensor]:
+    """Tensors in a module output: pytree leaves, and the values of mapping-like outputs."""
+    if isinstance(output, Mapping):
+        return [leaf for value in output.values() for leaf in _tensors(value)]
+    return [leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+
+
+def label_graph(output: object, name: str) -> None:
+    """Label the autograd nodes behind ``output`` with ``name``, up to labelled ones.
+
+    Called when a module's forward returns (and, with its caller's name, when one starts),
+    it gives each node the innermost module that created it: inner modules label first.
+
+    Example:
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> y = (x * 2).sum()
+        >>> label_graph(y, "head")
+        >>> nodes = [y.grad_fn, y.grad_fn.next_functions[0][0]]
+        >>> [node.name() + ": " + node.metadata["torchfit.layer"] for node in nodes]
+        ['SumBackward0: head', 'MulBackward0: head']
+    """
+    stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        metadata: dict[str, object] = node.metadata
+        if _NODE_KEY in metadata:
+            continue
+        metadata[_NODE_KEY] = name
+        stack.extend(following for following, _ in node.next_functions if following is not None)
+
+
+def autograd_label(default: str) -> str:
+    """The layer name of the autograd node running now (`label_graph`), else ``default``."""
+    node = torch._C._current_autograd_node()  # noqa: SLF001 - no public equivalent
+    if node is None:
+        return default
+    metadata: dict[str, object] = node.metadata
+    return str(metadata.get(_NODE_KEY, default))
