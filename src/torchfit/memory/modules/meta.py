@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
 from torchfit.memory.analytic.formulas import sdpa_is_flash
@@ -19,6 +20,7 @@ __all__ = [
     "split_inputs",
     "to_meta",
     "training_flags",
+    "twins",
 ]
 
 #: Key under which a layer name is stored in an autograd node's metadata.
@@ -86,6 +88,42 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         yield
     finally:
         functional.scaled_dot_product_attention = original
+
+
+@contextmanager
+def twins(dtype: torch.dtype | None, *, device: str) -> Iterator[Callable[[Any], Any]]:
+    """Run a pass as on ``device``: yield a converter to data-free twins of tensors.
+
+    For ``"cpu"`` the twins are fake CPU tensors (``FakeTensorMode``, active inside): ATen's
+    composite ops then take their CPU branches (``group_norm`` keeps a channels-last input
+    channels-last on CPU and copies it to the plain layout on any other device,
+    ``aten/src/ATen/native/group_norm.cpp``), and convolutions pick their CPU backend and
+    output layout, as in the real step. Otherwise they are meta tensors (`to_meta`).
+    Either way nothing is allocated.
+
+    Example:
+        >>> with twins(torch.bfloat16, device="cpu") as convert:
+        ...     x = convert(torch.ones(2, 3).t())
+        ...     (x * 2).device.type, x.dtype, x.stride()
+        ('cpu', torch.bfloat16, (1, 3))
+    """
+    if device != "cpu":
+        yield to_meta(dtype)
+        return
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        cast = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        with mode:
+            fake = torch.empty_strided(
+                tuple(value.shape), tuple(value.stride()), dtype=cast, device="cpu"
+            )
+        return fake.requires_grad_(value.requires_grad) if fake.is_floating_point() else fake
+
+    with mode:
+        yield convert
 
 
 def to_meta(dtype: torch.dtype | None) -> Callable[[Any], Any]:

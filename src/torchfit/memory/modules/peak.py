@@ -23,7 +23,7 @@ from torchfit.memory.kernels.calls import scratch_of
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.layout import cpu_layout
 from torchfit.memory.modules.live import LiveBytes
-from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, to_meta, training_flags
+from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, training_flags, twins
 from torchfit.memory.modules.saved import LayerRecord, activation_bytes
 from torchfit.memory.result import MemoryEstimate
 
@@ -86,17 +86,18 @@ def inference_peak(
     """
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
-    convert = to_meta(torch_dtype)
-    tensors = {n: convert(p.detach()) for n, p in model.named_parameters(remove_duplicate=False)}
-    tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
-    inputs = tree_map(convert, example_input)
-    args, kwargs = split_inputs(inputs)
-    counter = _LiveWithScratch(device)
-    counter.exclude((tensors, inputs))
-    sdpa = sdpa_as_on_device(device=device, training=False)
-    with training_flags(model, training=False), torch.no_grad(), sdpa, counter:
-        output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
-        del output
+    with twins(torch_dtype, device=device) as convert:
+        params = model.named_parameters(remove_duplicate=False)
+        tensors = {n: convert(p.detach()) for n, p in params}
+        tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
+        inputs = tree_map(convert, example_input)
+        args, kwargs = split_inputs(inputs)
+        counter = _LiveWithScratch(device)
+        counter.exclude((tensors, inputs))
+        sdpa = sdpa_as_on_device(device=device, training=False)
+        with training_flags(model, training=False), torch.no_grad(), sdpa, counter:
+            output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
+            del output
     return counter.peak
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,8 +34,8 @@ from torchfit.memory.modules.meta import (
     label_graph,
     sdpa_as_on_device,
     split_inputs,
-    to_meta,
     training_flags,
+    twins,
 )
 from torchfit.memory.result import LayerMemory
 
@@ -237,7 +237,27 @@ def activation_bytes(
     """
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
-    convert = to_meta(torch_dtype)
+    with twins(torch_dtype, device=device) as convert:
+        return _saved_pass(
+            model,
+            example_input,
+            convert,
+            training=training,
+            device=device,
+            kernel_calls=kernel_calls,
+        )
+
+
+def _saved_pass(
+    model: nn.Module,
+    example_input: object,
+    convert: Callable[[Any], Any],
+    *,
+    training: bool,
+    device: str,
+    kernel_calls: bool,
+) -> ActivationReport:
+    """`activation_bytes` on twins made by ``convert`` (under their mode)."""
     params = {
         name: nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
         for name, p in model.named_parameters(remove_duplicate=False)
@@ -259,9 +279,10 @@ def activation_bytes(
             output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             raise RuntimeError(
-                f"activation_bytes could not run module {recorder.current()!r} on the meta "
-                f"device: {error}. Use torchfit.memory.trace (fake tensors) or the analytic "
-                "estimate(config, ...) for this model"
+                f"activation_bytes could not run module {recorder.current()!r} without data "
+                f"(on {'fake CPU' if device == 'cpu' else 'meta'} tensors): {error}. Use "
+                "torchfit.memory.trace (fake tensors) or the analytic estimate(config, ...) "
+                "for this model"
             ) from error
     forward = {name: tuple(made) for name, made in calls.calls.items()}
     calls.calls = {}
@@ -277,9 +298,9 @@ def activation_bytes(
 
 
 def _backward(output: object) -> None:
-    """Backward on the meta tensors from the step's loss, for the calls it makes.
+    """Backward on the twins from the step's loss, for the calls it makes.
 
-    A model whose backward cannot run on meta keeps the calls made so far: the estimate
+    A model whose backward cannot run without data keeps the calls made so far: the estimate
     then lacks the kernel scratch of the rest (as it did before calls were recorded).
     """
     with contextlib.suppress(RuntimeError, NotImplementedError, ValueError, TypeError):
