@@ -72,7 +72,14 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
         if not flash or query.device.type != "meta":
             return original(
-                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
             )
         if enable_gqa and key.shape[-3] != query.shape[-3]:
             repeat = query.shape[-3] // key.shape[-3]
@@ -163,7 +170,7 @@ def label_graph(output: object, name: str) -> None:
     stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
     while stack:
         node = stack.pop()
-        metadata: dict[str, object] = node.metadata
+        metadata = _metadata(node)
         if _NODE_KEY in metadata:
             continue
         metadata[_NODE_KEY] = name
@@ -175,5 +182,10 @@ def autograd_label(default: str) -> str:
     node = torch._C._current_autograd_node()  # noqa: SLF001 - no public equivalent
     if node is None:
         return default
+    return str(_metadata(node).get(_NODE_KEY, default))
+
+
+def _metadata(node: Any) -> dict[str, object]:
+    """An autograd node's metadata dict (a property at runtime; a method in the stubs)."""
     metadata: dict[str, object] = node.metadata
-    return str(metadata.get(_NODE_KEY, default))
+    return metadata

@@ -44,7 +44,7 @@ def _backward_transient(record: LayerRecord, device: str, *, scale: float) -> in
     return grads + scratch_of(record.backward_calls, device)
 
 
-class _LiveWithScratch(LiveBytes):
+class _LiveWithScratch(LiveBytes):  # type: ignore[no-untyped-call]
     """`LiveBytes` that also counts each op's kernel scratch at the op, for ``device``.
 
     Outputs take the layout the CPU kernel gives them (`cpu_layout`).
