@@ -49,7 +49,7 @@ _RULES: dict[Any, Rule] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: attention.flash_forward,  # noqa: SLF001
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: attention.flash_backward,  # noqa: SLF001
     aten._safe_softmax.default: attention.safe_softmax,  # noqa: SLF001
-    aten.mm.default: matmul.matmul_rule(0),
+    aten.mm.default: matmul.mm,
     aten.bmm.default: matmul.matmul_rule(0),
     aten.addmm.default: matmul.matmul_rule(1),
     aten.baddbmm.default: matmul.matmul_rule(1),

@@ -60,12 +60,17 @@ class CpuMachine:
         amx: AMX tiles with bf16 support (``amx_tile`` and ``amx_bf16``): oneDNN's bf16
             matmuls and convolutions then run its ``*_amx`` brgemm kernels.
         avx512_bf16: AVX512-BF16 dot products (``avx512_bf16``).
+        l1: Per-core L1 data cache in bytes (``l1d_cache_size``; 0: unknown).
+        l2: Per-core L2 cache in bytes (``l2_cache_size``; 0: unknown); oneDNN's AMX
+            blocking heuristics size their buffers by both.
     """
 
     threads: int
     block: int
     amx: bool = False
     avx512_bf16: bool = False
+    l1: int = 0
+    l2: int = 0
 
     def pad(self, channels: int) -> int:
         """Channels rounded up to the oneDNN block.
@@ -86,4 +91,10 @@ def this_cpu() -> CpuMachine:
         block=cpu_block(),
         amx=amx,
         avx512_bf16=bool(features.get("avx512_bf16")),
+        l1=_size(features.get("l1d_cache_size")),
+        l2=_size(features.get("l2_cache_size")),
     )
+
+
+def _size(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
