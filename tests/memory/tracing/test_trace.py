@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from torchfit.memory.kernels.cpu import cpu_block
+from torchfit.memory.kernels.machine import this_cpu
 from torchfit.memory.measure import measure_peak, measure_step
 from torchfit.memory.tracing.tracer import trace, trace_events, trace_step
 
@@ -336,11 +337,19 @@ def test_optimizer_factory_and_instance():
     assert estimate.optimizer >= 2 * 4 * sum(p.numel() for p in model.parameters())
 
 
-# Under CPU autocast, oneDNN's bfloat16 GEMMs allocate scratch that no rule models yet.
-# Measured (autocast around forward and loss, AdamW, 2 layers, seq 32, batch 2): Llama
-# +0.00%, GPT-2 -4.01%, BERT -2.24%, ViT -2.83%. Llama's peak is not at a bf16 GEMM, so
-# it holds to 1%; the others to the bound below (the worst case rounded up).
-AUTOCAST_TOLERANCE = {"llama": TOLERANCE, "gpt2": 0.05, "bert": 0.05, "vit": 0.05}
+# Under CPU autocast, oneDNN's bfloat16 kernels allocate scratch. Measured (autocast around
+# forward and loss, AdamW, 2 layers, seq 32, batch 2), on an AVX-512 CPU without AMX,
+# where no rule models it: Llama +0.00%, GPT-2 -4.01%, BERT -2.24%, ViT -2.83%; Llama's
+# peak is not at a bf16 kernel, so it holds to 1%, the others to the bound below (the worst
+# case rounded up). On a Xeon with AMX-BF16 (torch 2.13, 2 threads) the scratch is larger
+# (ViT -21.03%, GPT-2 -1.54%, BERT -1.15% without rules) and modelled: the weight-gradient
+# GEMMs (kernels.onednn_matmul) and the patch embedding's backward-weights
+# (kernels.onednn_amx_conv) make all four exact, so they hold to 1% there.
+AUTOCAST_TOLERANCE = (
+    dict.fromkeys(("llama", "gpt2", "bert", "vit"), TOLERANCE)
+    if this_cpu().amx
+    else {"llama": TOLERANCE, "gpt2": 0.05, "bert": 0.05, "vit": 0.05}
+)
 
 
 @pytest.mark.parametrize("family", sorted(AUTOCAST_TOLERANCE))

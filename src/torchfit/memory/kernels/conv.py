@@ -23,6 +23,7 @@ import torch
 from torchfit.memory.kernels.layout import cpu_twin
 from torchfit.memory.kernels.machine import CpuMachine
 from torchfit.memory.kernels.onednn import backward_scratch
+from torchfit.memory.kernels.onednn_amx_conv import Conv2d, weights_call_scratch
 from torchfit.memory.kernels.onednn_groups import (
     depthwise_scratch,
     grouped_forward_scratch,
@@ -229,6 +230,37 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
     return None
 
 
+def _amx_weights(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int | None:
+    """A bf16 backward without grad_input on AMX (`onednn_amx_conv`), or None."""
+    _grad_out, x, w, bias_sizes, stride, padding, dilation = args[:7]
+    groups, mask = args[9], args[10]
+    if (
+        mask[0]
+        or not cpu.l2
+        or x.dim() != 4
+        or groups != 1
+        or any(d != 1 for d in dilation)
+        or channels_last(x)
+        or channels_last(w)
+    ):
+        return None
+    conv = Conv2d(
+        mb=x.shape[0],
+        ic=x.shape[1],
+        oc=w.shape[0],
+        ih=x.shape[2],
+        iw=x.shape[3],
+        kh=w.shape[2],
+        kw=w.shape[3],
+        sh=stride[0],
+        sw=stride[1],
+        ph=padding[0],
+        pw=padding[1],
+    )
+    bias = bool(mask[2]) and bias_sizes is not None
+    return weights_call_scratch(conv, grad_copy=copy, bias=bias, threads=cpu.threads, l2=cpu.l2)
+
+
 def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """``aten.convolution_backward``: oneDNN's kernels, or ATen's im2col columns."""
     del kwargs
@@ -255,6 +287,10 @@ def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any]
     # The kernel starts with grad_output.contiguous() (``convolution_backward`` in
     # aten/src/ATen/native/Convolution.cpp): a copy of a strided gradient.
     copy = copy_if_strided(grad_out)
+    if backend == "Mkldnn" and cpu.amx and x.dtype == torch.bfloat16:
+        amx = _amx_weights(cpu, args, copy)
+        if amx is not None:
+            return amx
     if backend == "Mkldnn" and cpu.block == 16:
         modelled = _onednn_backward(cpu, args, copy)
         if modelled is not None:
