@@ -1,9 +1,9 @@
-"""The ATen calls a model makes, recorded on meta tensors for the kernel-scratch rules.
+"""The ATen calls a model makes, recorded on data-free tensors for the kernel-scratch rules.
 
 The tracer asks the rules op by op while it runs a step on fake tensors. The analytic
-module estimate runs the model's forward and backward once on the *meta* device instead,
-and `CallRecorder` keeps each call that has a rule (`has_rule`), with the name of the layer
-that made it; `scratch_of` then asks the rules of the target device for those calls, with
+module estimate runs the model's forward and backward once on data-free tensors instead
+(fake CPU tensors for a CPU target), and `CallRecorder` keeps each call that has a rule
+(`has_rule`), with the name of the layer that made it; `scratch_of` then asks the rules of the target device for those calls, with
 the very arguments the tracer would pass (shapes, strides, dtypes, groups, masks).
 """
 
@@ -27,7 +27,7 @@ class KernelCall:
 
     Attributes:
         func: The ATen overload (``torch.ops.aten.convolution_backward.default``).
-        args: Positional arguments (meta tensors where the call took tensors).
+        args: Positional arguments (fake or meta tensors where the call took tensors).
         kwargs: Keyword arguments.
         out: What the call returned.
     """

@@ -1,9 +1,10 @@
-"""The peak of a step from one meta-device pass: a backward sweep over the layers.
+"""The peak of a step from one pass on data-free tensors: a backward sweep over the layers.
 
 `estimate_module` turns `activation_bytes` into the peak of a training step: layers
 release their saved tensors in reverse order while gradients appear, and each layer's
-backward holds its gradients and its kernel's scratch. `inference_peak` is the peak of
-live tensors in a no-grad forward.
+backward holds its gradients and its kernels' scratch, asked of the rules the tracer
+uses (`torchfit.memory.kernels`) for the very calls the layer makes. `inference_peak` is
+the peak of live tensors in a no-grad forward, with each op's scratch at the op.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def estimate_module(
             activations=inference_peak(model, example, dtype=compute, device=device),
             overhead=inputs,
             device=device,
-            notes=(states.note, "inference: peak of live tensors in a meta-device forward"),
+            notes=(states.note, "inference: peak of live tensors in a data-free forward"),
             peak_at="forward",
         )
     remaining = report.total
@@ -178,7 +179,15 @@ def estimate_module(
         workspace=workspace,
         overhead=inputs + states.autocast_copies,
         device=device,
-        notes=(states.note, "activations from a meta-device pass (saved_tensors_hooks)"),
+        notes=(
+            states.note,
+            "activations from a pass on data-free tensors (saved_tensors_hooks)",
+            *(
+                ("CPU kernel scratch per layer from torchfit.memory.kernels (the trace's rules)",)
+                if rules
+                else ()
+            ),
+        ),
         layers=report.layers,
         peak_at=where,
     )

@@ -1,15 +1,16 @@
-"""What a model keeps for backward, layer by layer, from one meta-device pass.
+"""What a model keeps for backward, layer by layer, from one pass on data-free tensors.
 
 `activation_bytes` runs the model's forward with ``torch.func.functional_call`` on
-*meta* copies of its parameters and inputs — no memory is allocated and the model is
-not modified — while ``torch.autograd.graph.saved_tensors_hooks`` records every tensor
+data-free copies of its parameters and inputs (fake CPU tensors for a CPU target, *meta*
+tensors otherwise: `torchfit.memory.modules.meta.twins`) — no memory is allocated and the
+model is not modified — while ``torch.autograd.graph.saved_tensors_hooks`` records every tensor
 autograd saves. That is exactly what backward will need, for any layer type (in-place
 activations, max-pool indices, dropout masks, concatenations included), attributed to
 the innermost module running when it was saved.
 
 With ``kernel_calls=True`` the same pass also keeps, per layer, the ATen calls that have a
 kernel-scratch rule (`torchfit.memory.kernels.calls`), in the forward and, after a
-backward on the meta tensors, in the backward: the analytic estimate asks the rules the
+backward on the same tensors, in the backward: the analytic estimate asks the rules the
 tracer asks, with the same arguments.
 """
 
@@ -47,7 +48,7 @@ class LayerRecord:
     """One leaf module in forward order: what it saved and the sizes around it.
 
     ``forward_calls`` and ``backward_calls`` are the ATen calls with a kernel-scratch rule
-    that the layer made (`KernelCall`, on meta tensors), when they were recorded.
+    that the layer made (`KernelCall`, on data-free tensors), when they were recorded.
     """
 
     name: str
@@ -203,7 +204,7 @@ def activation_bytes(
     """Bytes autograd saves for backward in one forward pass, with a per-layer table.
 
     Nothing is allocated and ``model`` is left as it was (its parameters are replaced by
-    meta tensors for the duration of the call; train/eval flags are restored). The input
+    data-free twins for the duration of the call; train/eval flags are restored). The input
     is the caller's tensor: when a layer saves it, it is not counted in ``total`` (its size
     is ``input_bytes``).
 
@@ -218,10 +219,10 @@ def activation_bytes(
             training with dropout).
         kernel_calls: Also keep each layer's ATen calls that have a kernel-scratch rule
             (`LayerRecord.forward_calls`, and ``backward_calls`` from a backward on the
-            meta tensors when ``training``).
+            same tensors when ``training``).
 
     Raises:
-        RuntimeError: the forward cannot run on the meta device (a data-dependent op, a
+        RuntimeError: the forward cannot run without data (a data-dependent op, a
             custom kernel); the message names the module and the op.
 
     Example:

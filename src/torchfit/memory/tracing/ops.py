@@ -105,7 +105,7 @@ def match_cpu_layout(func: Any, args: tuple[Any, ...], out: Any) -> Any:
     """Give a fake op's output the memory layout the CPU kernel gives it, where they differ.
 
     The rule is `torchfit.memory.kernels.layout.cpu_layout`, shared with the analytic
-    estimate's meta-device pass. The replacement happens before the output is counted,
+    estimate's pass on data-free tensors. The replacement happens before the output is counted,
     so only one storage is.
     """
     return cpu_layout(func, args, out)
