@@ -1,7 +1,8 @@
-"""Analytic (and traced, when available) estimates against real CPU allocations.
+"""Analytic and traced estimates against real CPU allocations of the same step.
 
-Run: python benchmarks/accuracy.py   (about two minutes on 2 cores)
-Prints a Markdown table: model, step, measured peak, analytic estimate, error.
+Run: python benchmarks/accuracy.py   (about five minutes on 2 cores)
+Prints a Markdown table: model, step, measured peak, analytic estimate and its error,
+traced estimate (`torchfit.memory.trace`) and its error, the analytic estimate's time.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import transformers
 from torch import nn
 
 from torchfit import format_bytes
-from torchfit.memory import estimate, measure_step
+from torchfit.memory import estimate, measure_step, trace
 from torchfit.memory.catalog import build_model
 
 transformers.logging.set_verbosity_error()
@@ -108,6 +109,35 @@ CASES = [
         None,
     ),
     (
+        "ResNet bottleneck [32,64]",
+        transformers.ResNetConfig(
+            embedding_size=16,
+            hidden_sizes=[32, 64],
+            depths=[1, 1],
+            layer_type="bottleneck",
+            num_labels=10,
+            image_size=32,
+        ),
+        8,
+        None,
+    ),
+    (
+        "ConvNeXt [48,96] (96x96)",
+        transformers.ConvNextConfig(
+            hidden_sizes=[48, 96], depths=[1, 1], num_stages=2, num_labels=10, image_size=96
+        ),
+        8,
+        None,
+    ),
+    (
+        "ConvNeXt [32,64,128] x2 (64x64)",
+        transformers.ConvNextConfig(
+            hidden_sizes=[32, 64, 128], depths=[2, 2, 2], num_stages=3, num_labels=10, image_size=64
+        ),
+        8,
+        None,
+    ),
+    (
         "ResNet basic [32,64,128]",
         transformers.ResNetConfig(
             embedding_size=32,
@@ -137,17 +167,40 @@ def _cnn() -> nn.Module:
     )
 
 
-def _row(name, step, real, predicted, seconds):
-    error = (predicted - real) / real
+def _grouped_cnn() -> nn.Module:
+    """An RGB stem, a grouped conv, a strided depthwise conv and a grouped 1x1 conv."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1, groups=4),
+        nn.GroupNorm(8, 64),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64),
+        nn.ReLU(),
+        nn.Conv2d(64, 128, 1, groups=2),
+        nn.GELU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
+
+
+def _row(name, step, real, predicted, traced, *, seconds):
+    def error(value):
+        return f"{(value - real) / real:+.1%}"
+
     return (
         f"| {name} | {step} | {format_bytes(real)} | {format_bytes(predicted)} | "
-        f"{error:+.1%} | {seconds:.3f} |"
+        f"{error(predicted)} | {format_bytes(traced)} | {error(traced)} | {seconds:.3f} |"
     )
 
 
 def main() -> None:
-    print("| model | step | measured peak | analytic | error | estimate time (s) |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| model | step | measured peak | analytic | error | traced | error | estimate time (s) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     errors = []
     for name, config, batch, seq in CASES:
         torch.manual_seed(0)
@@ -172,30 +225,39 @@ def main() -> None:
                 config, batch_size=batch, mode=mode, optimizer=optimizer, device="cpu", **kwargs
             )
             seconds = time.perf_counter() - start
+            traced = trace(model, inputs, mode=mode, optimizer=optimizer)
             step = f"{mode} b{batch}" + (f" s{seq}" if seq else "")
-            print(_row(name, step, real.peak, predicted.total, seconds), flush=True)
-            errors.append(abs(predicted.total - real.peak) / real.peak)
-    net = _cnn()
-    for batch in (8, 64):
-        x = torch.randn(batch, 3, 32, 32)
-        real = measure_step(net, x, optimizer="sgd-momentum")
-        start = time.perf_counter()
-        predicted = estimate(
-            net, batch_size=batch, input_shape=(3, 32, 32), optimizer="sgd-momentum", device="cpu"
-        )
-        print(
-            _row(
-                "plain CNN (nn.Module)",
-                f"train b{batch}",
-                real.peak,
-                predicted.total,
-                time.perf_counter() - start,
+            print(
+                _row(name, step, real.peak, predicted.total, traced.total, seconds=seconds),
+                flush=True,
             )
-        )
-        errors.append(abs(predicted.total - real.peak) / real.peak)
+            errors.append(abs(predicted.total - real.peak) / real.peak)
+    for name, net, batches in (
+        ("plain CNN (nn.Module)", _cnn(), (8, 64)),
+        ("grouped CNN (nn.Module)", _grouped_cnn(), (8,)),
+    ):
+        for batch in batches:
+            x = torch.randn(batch, 3, 32, 32)
+            real = measure_step(net, x, optimizer="sgd-momentum")
+            start = time.perf_counter()
+            predicted = estimate(
+                net,
+                batch_size=batch,
+                input_shape=(3, 32, 32),
+                optimizer="sgd-momentum",
+                device="cpu",
+            )
+            seconds = time.perf_counter() - start
+            traced = trace(net, x, optimizer="sgd-momentum")
+            step = f"train b{batch}"
+            print(
+                _row(name, step, real.peak, predicted.total, traced.total, seconds=seconds),
+                flush=True,
+            )
+            errors.append(abs(predicted.total - real.peak) / real.peak)
     print(
-        f"\nmean |error| {sum(errors) / len(errors):.1%}, max |error| {max(errors):.1%} "
-        f"over {len(errors)} steps"
+        f"\nanalytic: mean |error| {sum(errors) / len(errors):.1%}, max |error| "
+        f"{max(errors):.1%} over {len(errors)} steps"
     )
 
 

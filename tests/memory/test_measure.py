@@ -215,6 +215,7 @@ def test_bad_device_and_mixed_devices():
 
 def test_measure_step_runs_the_step_trace_describes_under_autocast():
     from torchfit.memory import trace
+    from torchfit.memory.kernels.machine import this_cpu
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
@@ -223,6 +224,14 @@ def test_measure_step_runs_the_step_trace_describes_under_autocast():
     mixed = measure_step(net, x, optimizer="adamw", autocast_dtype=torch.bfloat16, device="cpu")
     assert mixed.peak < plain.peak  # bf16 activations: the autocast step really ran
     traced = trace(net, x, optimizer="adamw", autocast_dtype=torch.bfloat16, device="cpu")
-    # the same step: the trace is exact in fp32 and, under CPU autocast, lacks only
-    # oneDNN's bf16 GEMM scratch (docs/benchmarks.md: up to 4% on GPT-2; 6.7% here)
-    assert 0 < mixed.peak - traced.total <= 0.10 * mixed.peak
+    missing = mixed.peak - traced.total
+    # The same step. The peak is at the second Linear's weight gradient, a bf16
+    # mm(grad.t(), x) that oneDNN runs with a scratchpad (305,920 B here). With AMX the
+    # trace models it (torchfit.memory.kernels.onednn_matmul: exact, measured on a Xeon
+    # with AMX-BF16, torch 2.13); without AMX oneDNN's avx512_core_bf16 kernels are not
+    # modelled and the trace lacks that scratch (6.7% low, measured on an AVX-512 CPU
+    # without AMX, torch 2.13).
+    if this_cpu().amx:
+        assert abs(missing) <= 0.01 * mixed.peak
+    else:
+        assert 0 < missing <= 0.10 * mixed.peak

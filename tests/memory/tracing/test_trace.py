@@ -10,11 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchfit.memory.kernels.cpu import CpuRules, cpu_block
-from torchfit.memory.kernels.onednn import backward_scratch, reducer_bytes
+from torchfit.memory.kernels.cpu import cpu_block
+from torchfit.memory.kernels.machine import this_cpu
 from torchfit.memory.measure import measure_peak, measure_step
 from torchfit.memory.tracing import trace, trace_events, trace_step
-from torchfit.memory.tracing.ops import match_cpu_layout
 
 # The issue's target: the traced total within 1% of the measured peak.
 TOLERANCE = 0.01
@@ -245,7 +244,7 @@ def test_random_cnns_inference_within_one_percent(seed):
 
 
 # oneDNN's convolution backward reorders its operands, allocates a scratchpad and copies
-# its results back; _trace_onednn models the kernels this generator reaches (backward-
+# its results back; kernels.onednn models the kernels this generator reaches (backward-
 # weights jit:avx512_core / jit:avx2 with their reductions, backward-data jit:avx512_core
 # and brgconv_strided). Measured (torch 2.13, AVX-512, 2 threads, seeds 0-59 x SGD/AdamW
 # = 120 steps): 120 exact (+0.00%); before that model 44 within 1%, worst 45.1% low;
@@ -267,8 +266,8 @@ def test_random_cnns_training_within_one_percent(seed, optimizer):
     assert_close(model, inputs, mode="train", optimizer=optimizer, tolerance=CNN_TRAIN_TOLERANCE)
 
 
-# Grouped and depthwise convolutions, NCHW or channels-last (_trace_onednn_groups and
-# backward_scratch_nhwc): NCHW depthwise jit_dw / gemm:jit, grouped 4/8/16-blocked
+# Grouped and depthwise convolutions, NCHW or channels-last (kernels.onednn_groups and
+# kernels.onednn_nhwc): NCHW depthwise jit_dw / gemm:jit, grouped 4/8/16-blocked
 # jit:avx512_core, gemm:jit, jit:avx2 and brgconv_strided, channels-last grouped
 # jit:avx512_core and brgconv_strided, and a channels-last first (3-channel) conv.
 # Measured (torch 2.13, AVX-512, 2 threads, seeds 0-59 alternating SGD/AdamW): before
@@ -276,7 +275,7 @@ def test_random_cnns_training_within_one_percent(seed, optimizer):
 # and the same at 1 and 3 threads (seeds 0-19: 17 of 20 exact). Seeds 60-119: 55 exact,
 # 57 within 1%. The 8 of 120 off were channels-last models with a BatchNorm2d: FakeTensor's
 # native_batch_norm_backward returned an NCHW grad_input where the CPU kernel returns
-# channels-last (now `_trace_ops.match_cpu_layout`), and the BatchNorm-backward scratch
+# channels-last (now `kernels.layout.cpu_layout`), and the BatchNorm-backward scratch
 # rule had been measured on NCHW only (channels-last: 4 B per channel with a plain
 # gradient). Seeds 0-119 now: 120 exact.
 
@@ -306,137 +305,6 @@ def test_cnn_training_follows_the_thread_count(seed, threads):
     model, inputs = build_cnn(seed)
     with num_threads(threads):
         assert_close(model, inputs, mode="train", optimizer="sgd", tolerance=CNN_TRAIN_TOLERANCE)
-
-
-@pytest.mark.parametrize(
-    ("x", "w", "out", "stride", "padding", "mask", "measured"),
-    [
-        # measured peak above the outputs (torch 2.13, AVX-512, 2 threads)
-        ((4, 1, 16, 16), (16, 1, 3, 3), (4, 16, 8, 8), (2, 2), (1, 1), (False, True, True), 37_696),
-        ((2, 8, 14, 14), (8, 8, 5, 5), (2, 8, 7, 7), (2, 2), (2, 2), (True, True, True), 70_992),
-        (
-            (2, 16, 21, 21),
-            (8, 16, 5, 5),
-            (2, 8, 21, 21),
-            (1, 1),
-            (2, 2),
-            (True, True, False),
-            159_680,
-        ),
-        ((5, 8, 12, 12), (8, 8, 5, 5), (5, 8, 12, 12), (1, 1), (2, 2), (True, True, True), 88_288),
-        # brgconv_strided on a wide input: grad_output buffers past 4096 elements a thread
-        (
-            (5, 8, 25, 25),
-            (32, 8, 3, 3),
-            (5, 32, 13, 13),
-            (2, 2),
-            (1, 1),
-            (True, True, True),
-            248_368,
-        ),
-        # gemm:jit backward-weights (kernel taller than the input)
-        ((4, 8, 4, 4), (32, 8, 5, 5), (4, 32, 4, 4), (1, 1), (2, 2), (True, True, True), 230_656),
-    ],
-)
-def test_onednn_backward_scratch_matches_measured_calls(x, w, out, stride, padding, mask, measured):
-    if cpu_block() != 16:
-        pytest.skip("measured with AVX-512 kernels; this CPU picks others")
-    assert backward_scratch(x, w, out, stride, mask, padding=padding, threads=2) == measured
-
-
-# Channels-last convolution backward (oneDNN's nxc kernels), measured live against the
-# rule: depthwise 7x7 (jit:avx512_core weights, 16x16-blocked per group), depthwise 3x3
-# (jit_dw weights), dense strided (brgconv_strided), with and without the copies ATen
-# makes of an NCHW grad_output or weight.
-@pytest.mark.parametrize(
-    ("x", "w", "stride", "padding", "groups", "nchw_grad", "nchw_weight"),
-    [
-        ((8, 64, 8, 8), (64, 1, 7, 7), (1, 1), (3, 3), 64, False, False),
-        ((4, 16, 9, 9), (16, 1, 5, 5), (1, 1), (2, 2), 16, True, False),
-        ((8, 64, 8, 8), (64, 1, 3, 3), (2, 2), (1, 1), 64, False, False),
-        ((8, 32, 16, 16), (32, 1, 3, 3), (1, 1), (1, 1), 32, False, False),
-        ((8, 32, 16, 16), (64, 32, 2, 2), (2, 2), (0, 0), 1, True, True),
-        ((3, 16, 13, 13), (32, 16, 3, 3), (2, 2), (1, 1), 1, False, False),
-    ],
-)
-def test_channels_last_conv_backward_matches_the_real_call(
-    x, w, stride, padding, groups, nchw_grad, nchw_weight
-):
-    if cpu_block() != 16:
-        pytest.skip("modelled for AVX-512 kernels; this CPU picks others")
-    aten = torch.ops.aten
-    torch.manual_seed(0)
-    inp = torch.randn(x).contiguous(memory_format=torch.channels_last)
-    weight = torch.randn(w)
-    if not nchw_weight:
-        weight = weight.contiguous(memory_format=torch.channels_last)
-    out = aten.convolution(inp, weight, None, stride, padding, [1, 1], False, [0, 0], groups)
-    grad = torch.randn(out.shape)
-    if not nchw_grad:
-        grad = grad.contiguous(memory_format=torch.channels_last)
-    args = (grad, inp, weight, [w[0]], stride, padding, [1, 1], False, [0, 0], groups, [True] * 3)
-    call = aten.convolution_backward.default
-    call(*args)  # warm oneDNN's primitive cache
-    real = measure_peak(call, *args, device="cpu")
-    outputs = sum(t.numel() * t.element_size() for t in real.value)
-    rules = CpuRules(threads=torch.get_num_threads(), block=cpu_block())
-    assert rules(call, args, {}, real.value) == real.peak - outputs
-
-
-# Grouped and depthwise convolutions, forward and backward, against the real calls:
-# each case names the kernels ONEDNN_VERBOSE showed (backward-data / backward-weights).
-@pytest.mark.parametrize(
-    ("x", "w", "stride", "groups", "channels_last", "grad_input"),
-    [
-        ((3, 8, 16, 16), (8, 1, 3, 3), 1, 8, False, True),  # jit_dw / jit_dw
-        ((3, 16, 11, 11), (16, 1, 7, 7), 1, 16, False, True),  # jit_dw / gemm:jit
-        ((5, 24, 13, 13), (24, 1, 5, 5), 2, 24, False, True),  # jit_dw / gemm:jit
-        ((4, 8, 6, 6), (32, 4, 5, 5), 1, 2, False, True),  # jit:avx512_core 4b / gemm:jit
-        ((4, 24, 10, 10), (8, 6, 3, 3), 1, 4, False, True),  # gemm:jit / gemm:jit
-        ((6, 16, 11, 11), (32, 8, 3, 3), 1, 2, False, True),  # jit:avx512_core 8b / jit:avx2
-        ((4, 32, 10, 10), (32, 16, 3, 3), 2, 2, False, True),  # jit:avx512_core 16b
-        ((5, 8, 24, 24), (48, 4, 1, 1), 2, 2, False, True),  # brgconv_strided:avx512_core
-        ((2, 8, 13, 13), (48, 2, 3, 3), 2, 4, False, True),  # brgconv_strided:avx2
-        ((5, 8, 19, 19), (32, 4, 3, 3), 1, 2, True, True),  # channels-last jit:avx512_core
-        ((4, 16, 13, 13), (48, 8, 3, 3), 2, 2, True, True),  # channels-last brgconv_strided
-        ((4, 3, 20, 20), (8, 3, 3, 3), 1, 1, True, False),  # channels-last first conv
-    ],
-)
-def test_grouped_conv_calls_match_the_real_calls(x, w, stride, groups, channels_last, grad_input):
-    if cpu_block() != 16:
-        pytest.skip("modelled for AVX-512 kernels; this CPU picks others")
-    aten = torch.ops.aten
-    torch.manual_seed(0)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    inp, weight = torch.randn(x).contiguous(memory_format=fmt), torch.randn(w)
-    weight = weight.contiguous(memory_format=fmt)
-    pad, rules = [w[2] // 2] * 2, CpuRules(threads=torch.get_num_threads(), block=cpu_block())
-    forward = (inp, weight, torch.randn(w[0]), [stride] * 2, pad, [1, 1], False, [0, 0], groups)
-    call = aten.convolution.default
-    call(*forward)
-    real = measure_peak(call, *forward, device="cpu")
-    if groups > 1:  # a dense channels-last forward (brg_conv_fwd) is not modelled yet
-        assert rules(call, forward, {}, real.value) == real.peak - _nbytes_of(real.value)
-    grad = torch.randn(real.value.shape).contiguous(memory_format=fmt)
-    mask = [grad_input, True, True]
-    args = (grad, inp, weight, [w[0]], [stride] * 2, pad, [1, 1], False, [0, 0], groups, mask)
-    call = aten.convolution_backward.default
-    call(*args)
-    real = measure_peak(call, *args, device="cpu")
-    assert rules(call, args, {}, real.value) == real.peak - _nbytes_of(real.value)
-
-
-def _nbytes_of(value):
-    tensors = value if isinstance(value, tuple) else (value,)
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def test_onednn_reducer_splits_over_the_minibatch_only_when_it_pays():
-    # one job, a minibatch of 5: two threads each reduce part, one private buffer
-    # (6,400 B of partial sums + a page of alignment) + one barrier (8 KiB)
-    assert reducer_bytes(2, 1600, 1, 5, 1 << 21) == (6400 + 4096) + 8192
-    # two jobs for two threads: no shared reduction, no scratchpad
-    assert reducer_bytes(2, 576, 2, 6, 1 << 21) == 0
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -469,11 +337,19 @@ def test_optimizer_factory_and_instance():
     assert estimate.optimizer >= 2 * 4 * sum(p.numel() for p in model.parameters())
 
 
-# Under CPU autocast, oneDNN's bfloat16 GEMMs allocate scratch that no rule models yet.
-# Measured (autocast around forward and loss, AdamW, 2 layers, seq 32, batch 2): Llama
-# +0.00%, GPT-2 -4.01%, BERT -2.24%, ViT -2.83%. Llama's peak is not at a bf16 GEMM, so
-# it holds to 1%; the others to the bound below (the worst case rounded up).
-AUTOCAST_TOLERANCE = {"llama": TOLERANCE, "gpt2": 0.05, "bert": 0.05, "vit": 0.05}
+# Under CPU autocast, oneDNN's bfloat16 kernels allocate scratch. Measured (autocast around
+# forward and loss, AdamW, 2 layers, seq 32, batch 2), on an AVX-512 CPU without AMX,
+# where no rule models it: Llama +0.00%, GPT-2 -4.01%, BERT -2.24%, ViT -2.83%; Llama's
+# peak is not at a bf16 kernel, so it holds to 1%, the others to the bound below (the worst
+# case rounded up). On a Xeon with AMX-BF16 (torch 2.13, 2 threads) the scratch is larger
+# (ViT -21.03%, GPT-2 -1.54%, BERT -1.15% without rules) and modelled: the weight-gradient
+# GEMMs (kernels.onednn_matmul) and the patch embedding's backward-weights
+# (kernels.onednn_amx_conv) make all four exact, so they hold to 1% there.
+AUTOCAST_TOLERANCE = (
+    dict.fromkeys(("llama", "gpt2", "bert", "vit"), TOLERANCE)
+    if this_cpu().amx
+    else {"llama": TOLERANCE, "gpt2": 0.05, "bert": 0.05, "vit": 0.05}
+)
 
 
 @pytest.mark.parametrize("family", sorted(AUTOCAST_TOLERANCE))
@@ -678,7 +554,11 @@ def test_bad_options_fail_with_the_choices():
 
 @pytest.mark.parametrize("family", ["vit", "convnext"])
 def test_models_with_benign_data_checks_trace(family):
-    """FACTS.md: MemTracker on fake tensors hit DataDependentOutputException here."""
+    """transformers' ViT and ConvNeXt check values in their forward: still traceable.
+
+    A check on data under fake tensors raises DataDependentOutputException; these ones
+    are benign and the trace must get through them.
+    """
     transformers = pytest.importorskip("transformers")
     if family == "vit":
         model, inputs = build_transformer(
@@ -799,45 +679,6 @@ def test_progress_bar_runs(capsys):
     pytest.importorskip("tqdm")
     trace(nn.Linear(8, 8), torch.randn(2, 8), progress=True)
     assert "tracing" in capsys.readouterr().err
-
-
-# -- the rules themselves -------------------------------------------------------------------
-def test_layer_norm_backward_rule_counts_per_thread_partial_sums():
-    rules = CpuRules(threads=3, block=16)
-    grad = x = torch.empty(4, 10, 48)
-    mean = torch.empty(4, 10, 1)
-    weight = torch.empty(48)
-    args = (grad, x, [48], mean, mean, weight, weight, [True, True, True])
-    assert (
-        rules(torch.ops.aten.native_layer_norm_backward.default, args, {}, None) == 3 * 2 * 48 * 4
-    )
-    no_affine = (grad, x, [48], mean, mean, None, None, [True, False, False])
-    assert rules(torch.ops.aten.native_layer_norm_backward.default, no_affine, {}, None) == 0
-
-
-def test_cpu_block_matches_the_capability():
-    capability = torch.backends.cpu.get_cpu_capability()
-    expected = 16 if capability.startswith("AVX512") else 8 if capability == "AVX2" else 1
-    assert cpu_block() == expected
-
-
-def test_batch_norm_backward_gets_the_cpu_kernels_layout():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    bn_backward = torch.ops.aten.native_batch_norm_backward.default
-
-    def grad_input(make):
-        x = make(torch.randn(2, 8, 5, 5)).contiguous(memory_format=torch.channels_last)
-        g = make(torch.randn(2, 8, 5, 5))  # a plain-layout gradient coming in
-        stats = [make(torch.ones(8)) for _ in range(5)]
-        args = (g, x, *stats, True, 1e-5, [True, True, True])
-        return match_cpu_layout(bn_backward, args, bn_backward(*args))[0].stride()
-
-    real = grad_input(lambda t: t)
-    fake_mode = FakeTensorMode()
-    with fake_mode:
-        fake = grad_input(fake_mode.from_tensor)
-    assert fake == real == (200, 1, 40, 8)
 
 
 def test_cuda_target_takes_the_cards_workspace_and_context():

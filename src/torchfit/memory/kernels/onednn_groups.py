@@ -10,7 +10,7 @@ Depthwise (``groups == in == out channels``):
   grad_output and grad_input padded to 16 channels, weights ``Abcde16a`` (groups padded
   to 16), no scratchpad; then the plain grad_input.
 * backward-weights is ``jit_dw:avx512_core`` while ``kw <= 3`` and the padding fits
-  (`_trace_onednn._dw_weights_ok`), on blocked source and grad_output, with the
+  (`torchfit.memory.kernels.onednn_nhwc.dw_weights_ok`), on blocked source and grad_output, with the
   ``harness_mb_reduction`` split of ``jit_uni_dw_conv_kernel_utils.cpp``:
   ``nthr_g = min(nb_ch, nthr)``, ``nthr_mb = min(nthr // nthr_g, mb)``, and
   ``nthr_mb - 1`` private weight and bias copies over the groups padded to 16.
@@ -57,13 +57,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torchfit.memory.kernels.onednn import (
-    ConvBackward,
-    _dw_weights_ok,
-    _entry,
-    _up,
-    reducer_bytes,
-)
+from torchfit.memory.kernels.onednn import ConvBackward
+from torchfit.memory.kernels.onednn_nhwc import dw_weights_ok
+from torchfit.memory.kernels.onednn_scratchpad import entry, reducer_bytes, up
 
 __all__ = ["depthwise_scratch", "grouped_forward_scratch", "grouped_scratch"]
 
@@ -73,13 +69,13 @@ _BLOCK = 16
 
 def _dw_reduction(groups: int, ks: int, mb: int, threads: int, *, bias: bool) -> int:
     """``harness_mb_reduction`` scratchpad of ``jit_dw`` backward-weights, in bytes."""
-    padded = _up(groups, _BLOCK)
+    padded = up(groups, _BLOCK)
     nthr_g = min(padded // _BLOCK, threads)
     nthr_mb = min(max(1, threads // nthr_g), mb)
     if nthr_mb <= 1:
         return 0
-    total = _entry(padded * ks * (nthr_mb - 1) * _F32)
-    return total + (_entry(padded * (nthr_mb - 1) * _F32) if bias else 0)
+    total = entry(padded * ks * (nthr_mb - 1) * _F32)
+    return total + (entry(padded * (nthr_mb - 1) * _F32) if bias else 0)
 
 
 def depthwise_scratch(
@@ -114,7 +110,7 @@ def depthwise_scratch(
     mb, groups = x[0], x[1]
     kh, kw = w[2], w[3]
     ks = kh * kw
-    padded = _up(groups, _BLOCK)
+    padded = up(groups, _BLOCK)
     grad_in = math.prod(x) * _F32 if mask[0] else 0
     grad_w = math.prod(w) * _F32 if mask[1] else 0
     grad_b = groups * _F32 if mask[2] else 0
@@ -123,7 +119,7 @@ def depthwise_scratch(
     peak_data = max(dst_b + padded * ks * _F32 + src_b, src_b + grad_in) if mask[0] else 0
     peak_weights = 0
     if mask[1]:
-        if kw <= 3 and _dw_weights_ok(x, w, out, stride, padding):
+        if kw <= 3 and dw_weights_ok(x, w, out, stride, padding):
             wei = padded * ks * _F32
             scratch = _dw_reduction(groups, ks, mb, threads, bias=mask[2])
             running = src_b + dst_b + wei + scratch
@@ -143,15 +139,15 @@ def _gemm_data_scratch(conv: ConvBackward) -> int:
     nthr = conv.threads
     unit = ks == 1 and conv.sh == conv.sw == 1 and (conv.oh, conv.ow) == (conv.ih, conv.iw)
     outer_work = conv.groups * conv.mb
-    outer_eff = outer_work / _up(outer_work, nthr)
+    outer_eff = outer_work / up(outer_work, nthr)
     inner_work = -(-is_ // _BLOCK) * -(-ic_g // _BLOCK)
-    inner_eff = inner_work / _up(inner_work, nthr)
+    inner_eff = inner_work / up(inner_work, nthr)
     outer = (
         (os_ // nthr < 512 or ks < 64)
         and (conv.mb != 1 or conv.groups > 2)
         and (outer_eff >= inner_eff or is_ * ic_g * oc_g // nthr < 64 * 1024)
     )
-    return _entry((nthr if outer else 1) * (0 if unit else ic_g * ks * os_) * _F32)
+    return entry((nthr if outer else 1) * (0 if unit else ic_g * ks * os_) * _F32)
 
 
 def grouped_scratch(
@@ -193,7 +189,7 @@ def grouped_scratch(
         # group of more output channels than its accumulator (is_grouped_small_oc)
         if strided and (oc_g > _BLOCK or (oc_g > 8 and not direct)):
             block = 16 if oc_g > _BLOCK else 8
-            wei = groups * oc_g * _up(ic_g, block) * w[2] * w[3] * _F32
+            wei = groups * oc_g * up(ic_g, block) * w[2] * w[3] * _F32
             scratch = conv.brgconv_strided_scratch()
             peak_data = max(dst + wei + grad_in + scratch, 3 * grad_in)
         elif direct:
@@ -253,7 +249,7 @@ def grouped_forward_scratch(
     block = _lower_block(ic_g, oc_g, channels_last=channels_last)
     if channels_last:
         assert block is not None  # noqa: S101 - _lower_block always finds one here
-        return groups * _up(oc_g, block) * _up(ic_g, block) * ks * _F32
+        return groups * up(oc_g, block) * up(ic_g, block) * ks * _F32
     out_bytes = math.prod(out) * _F32
     if block is not None:
         return max(math.prod(x) * _F32 + math.prod(w) * _F32, out_bytes)
@@ -262,8 +258,8 @@ def grouped_forward_scratch(
     outer_work = groups * x[0]
     inner_work = -(-is_ // _BLOCK) * -(-ic_g // _BLOCK)
     outer = (is_ // threads < 64 and x[0] != 1) and (
-        outer_work / _up(outer_work, threads) >= inner_work / _up(inner_work, threads)
+        outer_work / up(outer_work, threads) >= inner_work / up(inner_work, threads)
         or os_ * ic_g * oc_g // threads < 64 * 1024
     )
-    cols = _entry((threads if outer else 1) * (0 if unit else ic_g * ks * os_) * _F32)
+    cols = entry((threads if outer else 1) * (0 if unit else ic_g * ks * os_) * _F32)
     return max(cols, out_bytes)

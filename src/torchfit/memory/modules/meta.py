@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
 
 from torchfit.memory.analytic.formulas import sdpa_is_flash
 
-__all__ = ["sdpa_as_on_device", "split_inputs", "to_meta", "training_flags"]
+__all__ = [
+    "autograd_label",
+    "label_graph",
+    "sdpa_as_on_device",
+    "split_inputs",
+    "to_meta",
+    "training_flags",
+    "twins",
+]
+
+#: Key under which a layer name is stored in an autograd node's metadata.
+_NODE_KEY = "torchfit.layer"
 
 
 def split_inputs(inputs: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -59,7 +72,14 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
         if not flash or query.device.type != "meta":
             return original(
-                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
             )
         if enable_gqa and key.shape[-3] != query.shape[-3]:
             repeat = query.shape[-3] // key.shape[-3]
@@ -77,6 +97,42 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         functional.scaled_dot_product_attention = original
 
 
+@contextmanager
+def twins(dtype: torch.dtype | None, *, device: str) -> Iterator[Callable[[Any], Any]]:
+    """Run a pass as on ``device``: yield a converter to data-free twins of tensors.
+
+    For ``"cpu"`` the twins are fake CPU tensors (``FakeTensorMode``, active inside): ATen's
+    composite ops then take their CPU branches (``group_norm`` keeps a channels-last input
+    channels-last on CPU and copies it to the plain layout on any other device,
+    ``aten/src/ATen/native/group_norm.cpp``), and convolutions pick their CPU backend and
+    output layout, as in the real step. Otherwise they are meta tensors (`to_meta`).
+    Either way nothing is allocated.
+
+    Example:
+        >>> with twins(torch.bfloat16, device="cpu") as convert:
+        ...     x = convert(torch.ones(2, 3).t())
+        ...     (x * 2).device.type, x.dtype, x.stride()
+        ('cpu', torch.bfloat16, (1, 3))
+    """
+    if device != "cpu":
+        yield to_meta(dtype)
+        return
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        cast = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        with mode:
+            fake = torch.empty_strided(
+                tuple(value.shape), tuple(value.stride()), dtype=cast, device="cpu"
+            )
+        return fake.requires_grad_(value.requires_grad) if fake.is_floating_point() else fake
+
+    with mode:
+        yield convert
+
+
 def to_meta(dtype: torch.dtype | None) -> Callable[[Any], Any]:
     """A converter from a tensor to its meta twin (floating ones cast to ``dtype``)."""
 
@@ -88,3 +144,48 @@ def to_meta(dtype: torch.dtype | None) -> Callable[[Any], Any]:
         return meta.requires_grad_(value.requires_grad) if meta.is_floating_point() else meta
 
     return convert
+
+
+def _tensors(output: object) -> list[torch.Tensor]:
+    """Tensors in a module output: pytree leaves, and the values of mapping-like outputs."""
+    if isinstance(output, Mapping):
+        return [leaf for value in output.values() for leaf in _tensors(value)]
+    return [leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+
+
+def label_graph(output: object, name: str) -> None:
+    """Label the autograd nodes behind ``output`` with ``name``, up to labelled ones.
+
+    Called when a module's forward returns (and, with its caller's name, when one starts),
+    it gives each node the innermost module that created it: inner modules label first.
+
+    Example:
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> y = (x * 2).sum()
+        >>> label_graph(y, "head")
+        >>> nodes = [y.grad_fn, y.grad_fn.next_functions[0][0]]
+        >>> [node.name() + ": " + node.metadata["torchfit.layer"] for node in nodes]
+        ['SumBackward0: head', 'MulBackward0: head']
+    """
+    stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        metadata = _metadata(node)
+        if _NODE_KEY in metadata:
+            continue
+        metadata[_NODE_KEY] = name
+        stack.extend(following for following, _ in node.next_functions if following is not None)
+
+
+def autograd_label(default: str) -> str:
+    """The layer name of the autograd node running now (`label_graph`), else ``default``."""
+    node = torch._C._current_autograd_node()  # noqa: SLF001 - no public equivalent
+    if node is None:
+        return default
+    return str(_metadata(node).get(_NODE_KEY, default))
+
+
+def _metadata(node: Any) -> dict[str, object]:
+    """An autograd node's metadata dict (a property at runtime; a method in the stubs)."""
+    metadata: dict[str, object] = node.metadata
+    return metadata

@@ -1,14 +1,16 @@
-"""The peak of a step from one meta-device pass: a backward sweep over the layers.
+"""The peak of a step from one pass on data-free tensors: a backward sweep over the layers.
 
 `estimate_module` turns `activation_bytes` into the peak of a training step: layers
 release their saved tensors in reverse order while gradients appear, and each layer's
-backward holds its gradients and its kernel's scratch. `inference_peak` is the peak of
-live tensors in a no-grad forward.
+backward holds its gradients and its kernels' scratch, asked of the rules the tracer
+uses (`torchfit.memory.kernels`) for the very calls the layer makes. `inference_peak` is
+the peak of live tensors in a no-grad forward, with each op's scratch at the op.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,66 +20,56 @@ from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32, model_state_bytes
+from torchfit.memory.kernels.calls import scratch_of
+from torchfit.memory.kernels.cpu import workspace_rules
+from torchfit.memory.kernels.layout import cpu_layout
 from torchfit.memory.modules.live import LiveBytes
-from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, to_meta, training_flags
+from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, training_flags, twins
 from torchfit.memory.modules.saved import LayerRecord, activation_bytes
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["estimate_module", "inference_peak"]
 
 
-_ONEDNN_SCRATCHPAD = 24 * 1024
-_CONVS = {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"}
+def _backward_transient(record: LayerRecord, device: str, *, scale: float) -> int:
+    """Bytes a layer's backward holds beyond what is saved: gradients and kernel scratch.
 
-
-def _backward_transient(record: LayerRecord, device: str) -> int:
-    """Bytes a layer's backward holds beyond what is saved: gradients and scratch.
-
-    The output gradient, the input gradient (only when the input requires grad), and for
-    convolutions the kernel's own scratch, which no dispatch-level tracker sees. Measured
-    on CPU (torch 2.13, x86 with AVX-512), single convolutions of 3-64 channels: oneDNN
-    reorders the output gradient into a blocked layout padded to 16 channels, and the
-    input into one padded to 8 (to 16 below 8 channels; not at all for a k>1 first layer
-    of fewer than 8 channels): one output and one input more at 32 channels (FACTS.md),
-    4x the output at 4 channels. ATen's im2col path (``slow_conv2d``) instead unfolds the
-    input into (C_in/groups)·k·k·H_out·W_out columns.
-    On CUDA, cuDNN's workspace depends on the algorithm; the oneDNN allowance is used.
+    The output gradient, the input gradient (only when the input requires grad), the
+    layer's parameter gradients, and the largest scratch of its backward calls under the
+    kernel rules of ``device`` (`torchfit.memory.kernels`), the rules the tracer applies
+    to the same calls. Each rule gives the bytes above the call's outputs, which are the
+    gradients counted here.
     """
     grads = record.output_bytes + (record.input_bytes if record.input_requires_grad else 0)
-    if record.kind not in _CONVS:
-        return grads
-    if device == "cpu" and _uses_im2col(record):
-        columns = 0
-        if math.prod(record.kernel) > 1:
-            # one sample (the path is only taken for batch 1): C_in/g * k*k * H_out*W_out
-            positions = record.output_bytes // max(1, record.out_channels)
-            columns = record.input_shape[1] // record.groups * math.prod(record.kernel) * positions
-        return grads + columns
-    c_in = record.input_shape[1] if len(record.input_shape) > 1 else 1
-    output = _blocked(record.output_bytes, record.out_channels, 16) + _ONEDNN_SCRATCHPAD
-    if c_in < 8 and math.prod(record.kernel) > 1:
-        return grads + output  # a first layer (RGB): oneDNN reads the plain input
-    return grads + output + _blocked(record.input_bytes, c_in, 16 if c_in < 8 else 8)
+    grads += math.ceil(record.param_bytes * scale)
+    return grads + scratch_of(record.backward_calls, device)
 
 
-def _blocked(nbytes: int, channels: int, block: int) -> int:
-    """Bytes of a oneDNN blocked copy (nChw16c / nChw8c): channels padded to ``block``."""
-    if channels <= 0:
-        return nbytes
-    return nbytes * (-(-channels // block) * block) // channels
+class _LiveWithScratch(LiveBytes):  # type: ignore[no-untyped-call]
+    """`LiveBytes` that also counts each op's kernel scratch at the op, for ``device``.
 
-
-def _uses_im2col(record: LayerRecord) -> bool:
-    """ATen's CPU backend choice (``use_mkldnn`` in ConvUtils.h), for float convolutions.
-
-    oneDNN runs with more than one thread unless the input is a single small sample
-    with a kernel of at most 3x3 and no groups; that case takes the im2col path.
+    Outputs take the layout the CPU kernel gives them (`cpu_layout`).
     """
-    shape = record.input_shape
-    if len(shape) != 4 or not record.kernel:
-        return False
-    big_kernel = all(k > 3 for k in record.kernel)
-    return not (record.groups > 1 or big_kernel or shape[0] > 1 or math.prod(shape) > 20480)
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.rules = workspace_rules(device)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return cpu_layout(func, args, func(*args, **kwargs))
+
+        out = super().__torch_dispatch__(run, types, args, kwargs)
+        if self.rules is not None:
+            scratch = self.rules(func, args, dict(kwargs or {}), out)
+            self.peak = max(self.peak, self.live + scratch)
+        return out
 
 
 def inference_peak(
@@ -90,21 +82,23 @@ def inference_peak(
     """Peak bytes of tensors alive at once during a no-grad forward, on the meta device.
 
     The input and the parameters are not counted (they exist before the call); the
-    output is (it is alive when the forward returns).
+    output is (it is alive when the forward returns). Each op's kernel scratch under the
+    rules of ``device`` counts at the op (`torchfit.memory.kernels`).
     """
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
-    convert = to_meta(torch_dtype)
-    tensors = {n: convert(p.detach()) for n, p in model.named_parameters(remove_duplicate=False)}
-    tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
-    inputs = tree_map(convert, example_input)
-    args, kwargs = split_inputs(inputs)
-    counter = LiveBytes()
-    counter.exclude((tensors, inputs))
-    sdpa = sdpa_as_on_device(device=device, training=False)
-    with training_flags(model, training=False), torch.no_grad(), sdpa, counter:
-        output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
-        del output
+    with twins(torch_dtype, device=device) as convert:
+        params = model.named_parameters(remove_duplicate=False)
+        tensors = {n: convert(p.detach()) for n, p in params}
+        tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
+        inputs = tree_map(convert, example_input)
+        args, kwargs = split_inputs(inputs)
+        counter = _LiveWithScratch(device)
+        counter.exclude((tensors, inputs))
+        sdpa = sdpa_as_on_device(device=device, training=False)
+        with training_flags(model, training=False), torch.no_grad(), sdpa, counter:
+            output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
+            del output
     return counter.peak
 
 
@@ -131,7 +125,10 @@ def estimate_module(
     training = step is Mode.TRAIN
     mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
     example = torch.empty((batch_size, *input_shape), device="meta")
-    report = activation_bytes(model, example, dtype=compute, training=training, device=device)
+    rules = workspace_rules(device) is not None
+    report = activation_bytes(
+        model, example, dtype=compute, training=training, device=device, kernel_calls=rules
+    )
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     states = model_state_bytes(
@@ -150,7 +147,7 @@ def estimate_module(
             activations=inference_peak(model, example, dtype=compute, device=device),
             overhead=inputs,
             device=device,
-            notes=(states.note, "inference: peak of live tensors in a meta-device forward"),
+            notes=(states.note, "inference: peak of live tensors in a data-free forward"),
             peak_at="forward",
         )
     remaining = report.total
@@ -158,7 +155,7 @@ def estimate_module(
     scale = FP32 / compute.itemsize if mixed else 1.0
     best = (remaining + report.output_bytes, grads, "start of backward")
     for record in reversed(report.records):
-        transient = _backward_transient(record, device)
+        transient = _backward_transient(record, device, scale=scale)
         live = remaining + grads + transient
         if live > best[0] + best[1]:
             best = (remaining + transient, grads, record.name)
@@ -182,7 +179,15 @@ def estimate_module(
         workspace=workspace,
         overhead=inputs + states.autocast_copies,
         device=device,
-        notes=(states.note, "activations from a meta-device pass (saved_tensors_hooks)"),
+        notes=(
+            states.note,
+            "activations from a pass on data-free tensors (saved_tensors_hooks)",
+            *(
+                ("CPU kernel scratch per layer from torchfit.memory.kernels (the trace's rules)",)
+                if rules
+                else ()
+            ),
+        ),
         layers=report.layers,
         peak_at=where,
     )

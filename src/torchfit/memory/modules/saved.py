@@ -1,17 +1,24 @@
-"""What a model keeps for backward, layer by layer, from one meta-device pass.
+"""What a model keeps for backward, layer by layer, from one pass on data-free tensors.
 
 `activation_bytes` runs the model's forward with ``torch.func.functional_call`` on
-*meta* copies of its parameters and inputs — no memory is allocated and the model is
-not modified — while ``torch.autograd.graph.saved_tensors_hooks`` records every tensor
+data-free copies of its parameters and inputs (fake CPU tensors for a CPU target, *meta*
+tensors otherwise: `torchfit.memory.modules.meta.twins`) — no memory is allocated and the
+model is not modified — while ``torch.autograd.graph.saved_tensors_hooks`` records every tensor
 autograd saves. That is exactly what backward will need, for any layer type (in-place
 activations, max-pool indices, dropout masks, concatenations included), attributed to
 the innermost module running when it was saved.
+
+With ``kernel_calls=True`` the same pass also keeps, per layer, the ATen calls that have a
+kernel-scratch rule (`torchfit.memory.kernels.calls`), in the forward and, after a
+backward on the same tensors, in the backward: the analytic estimate asks the rules the
+tracer asks, with the same arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,9 +26,18 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from torchfit._core.step import compute_loss
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, format_bytes, parse_dtype
-from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, to_meta, training_flags
+from torchfit.memory.kernels.calls import CallRecorder, KernelCall
+from torchfit.memory.modules.meta import (
+    autograd_label,
+    label_graph,
+    sdpa_as_on_device,
+    split_inputs,
+    training_flags,
+    twins,
+)
 from torchfit.memory.result import LayerMemory
 
 __all__ = ["ActivationReport", "LayerRecord", "activation_bytes"]
@@ -29,7 +45,11 @@ __all__ = ["ActivationReport", "LayerRecord", "activation_bytes"]
 
 @dataclasses.dataclass(frozen=True)
 class LayerRecord:
-    """One leaf module in forward order: what it saved and the sizes around it."""
+    """One leaf module in forward order: what it saved and the sizes around it.
+
+    ``forward_calls`` and ``backward_calls`` are the ATen calls with a kernel-scratch rule
+    that the layer made (`KernelCall`, on data-free tensors), when they were recorded.
+    """
 
     name: str
     kind: str
@@ -40,9 +60,10 @@ class LayerRecord:
     detail: str
     input_requires_grad: bool = True
     input_shape: tuple[int, ...] = ()
-    kernel: tuple[int, ...] = ()
-    groups: int = 1
-    out_channels: int = 0
+    forward_calls: tuple[KernelCall, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    backward_calls: tuple[KernelCall, ...] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +136,7 @@ class _Recorder:
     pinned: list[torch.Tensor] = dataclasses.field(default_factory=list)
     records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     order: list[str] = dataclasses.field(default_factory=list)
+    labels: bool = False
 
     def current(self) -> str:
         return self.names.get(id(self.stack[-1]), "") if self.stack else "(model)"
@@ -128,9 +150,17 @@ class _Recorder:
                 _describe_tensor(tensor),
             )
             self.pinned.append(tensor)  # keep the storage alive so its key stays unique
+            self.seen(self.current())
         return tensor
 
+    def seen(self, name: str) -> None:
+        """Place ``name`` in forward order when it first holds something."""
+        if name not in self.order:
+            self.order.append(name)
+
     def pre(self, module: nn.Module, args: object) -> None:
+        if self.labels:  # what was computed before this module belongs to its caller
+            label_graph(args, self.current())
         self.stack.append(module)
         name = self.names.get(id(module))
         if name is not None and not any(True for _ in module.children()):
@@ -139,13 +169,14 @@ class _Recorder:
             leaves = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
             row["grad"] = any(t.requires_grad for t in leaves)
             row["shape"] = tuple(leaves[0].shape) if leaves else ()
-            if name not in self.order:
-                self.order.append(name)
+            self.seen(name)
 
     def post(self, module: nn.Module, _args: object, output: object) -> None:
         name = self.names.get(id(module))
         if name in self.records:
             self.records[name]["out"] = _nbytes(output)
+        if self.labels and name is not None:
+            label_graph(output, name)
         if self.stack and self.stack[-1] is module:
             self.stack.pop()
 
@@ -168,11 +199,12 @@ def activation_bytes(
     dtype: str | DType | None = None,
     training: bool = True,
     device: str = "cuda",
+    kernel_calls: bool = False,
 ) -> ActivationReport:
     """Bytes autograd saves for backward in one forward pass, with a per-layer table.
 
     Nothing is allocated and ``model`` is left as it was (its parameters are replaced by
-    meta tensors for the duration of the call; train/eval flags are restored). The input
+    data-free twins for the duration of the call; train/eval flags are restored). The input
     is the caller's tensor: when a layer saves it, it is not counted in ``total`` (its size
     is ``input_bytes``).
 
@@ -185,9 +217,12 @@ def activation_bytes(
         device: The target device: which attention kernel ``scaled_dot_product_attention``
             would pick (``"cuda"``: flash / memory-efficient; ``"cpu"``: flash unless
             training with dropout).
+        kernel_calls: Also keep each layer's ATen calls that have a kernel-scratch rule
+            (`LayerRecord.forward_calls`, and ``backward_calls`` from a backward on the
+            same tensors when ``training``).
 
     Raises:
-        RuntimeError: the forward cannot run on the meta device (a data-dependent op, a
+        RuntimeError: the forward cannot run without data (a data-dependent op, a
             custom kernel); the message names the module and the op.
 
     Example:
@@ -203,7 +238,27 @@ def activation_bytes(
     """
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
-    convert = to_meta(torch_dtype)
+    with twins(torch_dtype, device=device) as convert:
+        return _saved_pass(
+            model,
+            example_input,
+            convert,
+            training=training,
+            device=device,
+            kernel_calls=kernel_calls,
+        )
+
+
+def _saved_pass(
+    model: nn.Module,
+    example_input: object,
+    convert: Callable[[Any], Any],
+    *,
+    training: bool,
+    device: str,
+    kernel_calls: bool,
+) -> ActivationReport:
+    """`activation_bytes` on twins made by ``convert`` (under their mode)."""
     params = {
         name: nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
         for name, p in model.named_parameters(remove_duplicate=False)
@@ -214,66 +269,87 @@ def activation_bytes(
     inputs = tree_map(convert, example_input)
     input_keys = {_storage_key(t) for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)}
     recorder = _Recorder(names, {_storage_key(t) for t in params.values()} | input_keys)
+    recorder.labels = kernel_calls
+    calls = CallRecorder(lambda: autograd_label(recorder.current()))
     args, kwargs = split_inputs(inputs)
     hooks = torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t)
     sdpa = sdpa_as_on_device(device=device, training=training)
-    with training_flags(model, training=training), _module_hooks(recorder), hooks, sdpa:
+    watch = calls if kernel_calls else contextlib.nullcontext()
+    with training_flags(model, training=training), _module_hooks(recorder), hooks, sdpa, watch:
         try:
             output = torch.func.functional_call(model, tensors, args, kwargs, strict=False)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             raise RuntimeError(
-                f"activation_bytes could not run module {recorder.current()!r} on the meta "
-                f"device: {error}. Use torchfit.memory.trace (fake tensors) or the analytic "
-                "estimate(config, ...) for this model"
+                f"activation_bytes could not run module {recorder.current()!r} without data "
+                f"(on {'fake CPU' if device == 'cpu' else 'meta'} tensors): {error}. Use "
+                "torchfit.memory.trace (fake tensors) or the analytic estimate(config, ...) "
+                "for this model"
             ) from error
-    per_module: dict[str, list[tuple[int, str]]] = {}
-    for name, size, what in recorder.saved.values():
-        per_module.setdefault(name, []).append((size, what))
-    records = []
-    for name in recorder.order:
-        row = recorder.records[name]
-        items = per_module.pop(name, [])
-        module = dict(model.named_modules())[name]
-        records.append(
-            LayerRecord(
-                name=name,
-                kind=row["kind"],
-                saved=sum(size for size, _ in items),
-                input_bytes=row["in"],
-                output_bytes=row["out"],
-                param_bytes=sum(
-                    _nbytes(params[f"{name}.{p}"]) for p, _ in module.named_parameters()
-                ),
-                detail=", ".join(sorted({what for _, what in items})),
-                input_requires_grad=row.get("grad", True),
-                input_shape=row.get("shape", ()),
-                kernel=_kernel(module),
-                groups=int(getattr(module, "groups", 1)),
-                out_channels=int(getattr(module, "out_channels", 0)),
-            )
-        )
-    for name, items in per_module.items():  # saved outside any leaf module (functional ops)
-        records.append(
-            LayerRecord(
-                name,
-                "functional",
-                sum(s for s, _ in items),
-                0,
-                0,
-                0,
-                ", ".join(sorted({w for _, w in items})),
-            )
-        )
+    forward = {name: tuple(made) for name, made in calls.calls.items()}
+    calls.calls = {}
+    if kernel_calls and training:
+        with calls:
+            _backward(output)
     return ActivationReport(
         total=sum(size for _, size, _ in recorder.saved.values()),
         input_bytes=_nbytes(inputs),
         output_bytes=_nbytes(output),
-        records=tuple(records),
+        records=_records(recorder, model, params, forward, calls.calls),
     )
 
 
-# A constant seen in every oneDNN convolution backward measured here (22.8-24.4 KB,
-# whatever the shape): its scratchpad.
-def _kernel(module: nn.Module) -> tuple[int, ...]:
-    size = getattr(module, "kernel_size", ())
-    return tuple(size) if isinstance(size, tuple | list) else (int(size),) if size else ()
+def _backward(output: object) -> None:
+    """Backward on the twins from the step's loss, for the calls it makes.
+
+    A model whose backward cannot run without data keeps the calls made so far: the estimate
+    then lacks the kernel scratch of the rest (as it did before calls were recorded).
+    """
+    with contextlib.suppress(RuntimeError, NotImplementedError, ValueError, TypeError):
+        loss = compute_loss(output)
+        if loss.requires_grad:
+            loss.backward()  # type: ignore[no-untyped-call]
+
+
+def _records(
+    recorder: _Recorder,
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    forward: dict[str, tuple[KernelCall, ...]],
+    backward: dict[str, list[KernelCall]],
+) -> tuple[LayerRecord, ...]:
+    """One row per leaf module and per other module that saved or called something.
+
+    Rows are in forward order: a leaf module where it started, another module (its own
+    functional ops) where it first saved a tensor.
+    """
+    per_module: dict[str, list[tuple[int, str]]] = {}
+    for name, size, what in recorder.saved.values():
+        per_module.setdefault(name, []).append((size, what))
+    modules = dict(model.named_modules())
+    order = recorder.order + [n for n in (*forward, *backward) if n not in recorder.order]
+    records = []
+    for name in order:
+        items = per_module.get(name, [])
+        row = recorder.records.get(name)
+        calls = forward.get(name, ()), tuple(backward.get(name, ()))
+        if row is None and not (items or calls[0] or calls[1]):
+            continue
+        module = modules.get(name) if row is not None else None
+        records.append(
+            LayerRecord(
+                name=name,
+                kind="functional" if row is None else row["kind"],
+                saved=sum(size for size, _ in items),
+                input_bytes=0 if row is None else row["in"],
+                output_bytes=0 if row is None else row["out"],
+                param_bytes=0
+                if module is None
+                else sum(_nbytes(params[f"{name}.{p}"]) for p, _ in module.named_parameters()),
+                detail=", ".join(sorted({what for _, what in items})),
+                input_requires_grad=True if row is None else row.get("grad", True),
+                input_shape=() if row is None else row.get("shape", ()),
+                forward_calls=calls[0],
+                backward_calls=calls[1],
+            )
+        )
+    return tuple(records)

@@ -14,6 +14,8 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_leaves
 
+from torchfit.memory.kernels.layout import cpu_layout
+
 __all__ = [
     "UntraceableOpError",
     "is_composite",
@@ -102,33 +104,11 @@ def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def match_cpu_layout(func: Any, args: tuple[Any, ...], out: Any) -> Any:
     """Give a fake op's output the memory layout the CPU kernel gives it, where they differ.
 
-    ``native_batch_norm_backward``: the CPU kernel allocates grad_input in the input's
-    suggested memory format (``batch_norm_backward_cpu``, aten/src/ATen/native/
-    Normalization.cpp: ``at::empty_like(input, input.suggest_memory_format())``), the fake
-    kernel in the gradient's. Measured (torch 2.13): a channels-last input with a plain
-    grad_output gives channels-last strides on CPU and plain ones under FakeTensorMode, and
-    the next convolution's backward is then charged a layout copy it never makes. The
-    replacement happens before the output is counted, so only one storage is.
+    The rule is `torchfit.memory.kernels.layout.cpu_layout`, shared with the analytic
+    estimate's pass on data-free tensors. The replacement happens before the output is counted,
+    so only one storage is.
     """
-    if func is not _BN_BACKWARD or not isinstance(out, tuple) or out[0] is None:
-        return out
-    grad_input, source = out[0], args[1]
-    layout = torch.channels_last
-    if (
-        source.dim() == 4
-        and source.is_contiguous(memory_format=layout)
-        and not source.is_contiguous()
-        and not grad_input.is_contiguous(memory_format=layout)
-    ):
-        _, channels, _, width = grad_input.shape
-        plane = channels * width * grad_input.shape[2]
-        strides = (plane, 1, width * channels, channels)  # N, C, H, W in NHWC order
-        fixed = grad_input.new_empty_strided(tuple(grad_input.shape), strides)  # a fake too
-        return (fixed, *out[1:])
-    return out
-
-
-_BN_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
+    return cpu_layout(func, args, out)
 
 
 @functools.cache
