@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torchfit._core.imports import is_available, require
+from torchfit._core.imports import require
 from torchfit.integrations.search import (
     Samples,
     SearchPlan,
@@ -42,11 +42,12 @@ _MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 def _callback_base() -> type:
     """``lightning.pytorch.Callback``, plus ``pytorch_lightning.Callback`` where installed."""
-    bases = [
-        importlib.import_module(f"{package}").Callback
-        for package in ("lightning.pytorch", "pytorch_lightning")
-        if is_available(package.split(".", 1)[0])
-    ]
+    bases = []
+    for package in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            bases.append(importlib.import_module(package).Callback)
+        except ImportError:
+            continue
     if not bases:
         require("lightning", feature="torchfit.integrations.lightning.BatchSizeFinder")
     return type("_Callback", tuple(bases), {"__module__": __name__})
