@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-import warnings
 
 import numpy as np
 import pytest
@@ -231,6 +230,16 @@ def test_model_optimizer_and_rngs_are_left_as_they_were():
     assert _same(before.state, after.state)
 
 
+def test_the_trainers_precision_is_traced(chosen):
+    # bf16 autocast keeps the activations of the Linear layers in bf16: more fit.
+    torch.manual_seed(0)
+    model, finder = Model(), BatchSizeFinder()
+    with simulate_gpu(CARD, track=model):
+        trainer(finder, precision="bf16-mixed").fit(model)
+    assert finder.result.predicted > chosen[1].result.predicted
+    assert model.seen[-3:] == [finder.result.batch_size] * 3
+
+
 def test_manual_optimization_and_gradient_accumulation_are_probed():
     class Manual(Model):
         def __init__(self, batch_size=4):
@@ -338,6 +347,13 @@ def test_a_module_without_the_attribute_is_refused_with_the_fix():
         trainer(BatchSizeFinder(batch_arg_name="bs")).fit(NoSize())
 
 
+def test_a_batch_size_that_is_not_a_number_is_refused():
+    model = Model()
+    model.batch_size = None
+    with pytest.raises(ValueError, match=r"batch_size is None; expected a whole number >= 1"):
+        trainer(BatchSizeFinder("4MiB")).fit(model)
+
+
 def test_no_budget_on_a_cpu_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"no budget: training runs on cpu.*pass budget="):
         trainer(BatchSizeFinder()).fit(Model())
@@ -361,7 +377,6 @@ def test_a_loader_passed_to_fit_is_refused():
 def test_an_explicit_budget_works_without_a_simulated_card():
     # On a CPU a real step cannot run out of memory: the prediction is taken as verified.
     model, finder = Model(), BatchSizeFinder(budget="4MiB")
-    with warnings.catch_warnings():
-        trainer(finder, max_steps=1).fit(model)
+    trainer(finder, max_steps=1).fit(model)
     assert 4 < finder.result.batch_size == model.batch_size
     assert finder.result.budget == 4 * 2**20

@@ -181,6 +181,14 @@ def test_gradient_checkpointing_is_traced_and_put_back(tmp_path, picked):
     assert set(trained) == {result.batch_size}
 
 
+@pytest.mark.slow
+def test_bf16_autocast_is_traced(tmp_path, picked):
+    _, plain, _, _ = picked
+    _, result, _, trained = pick_and_train(tmp_path, bf16=True)
+    assert result.predicted > plain.predicted  # bf16 activations
+    assert set(trained) == {result.batch_size}
+
+
 def _state(trainer):
     model = trainer.model
     return {

@@ -240,11 +240,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
             start=probe.original,
             cap=min((c for c in (self.max_batch_size, probe.samples.length) if c), default=None),
         )
-        try:
-            result = run_search(plan, budget=self.budget, margin=self.margin)
-        except BaseException:
-            probe.set_batch_size(probe.original)
-            raise
+        result = run_search(plan, budget=self.budget, margin=self.margin)
         probe.set_batch_size(result.batch_size)
         probe.reset_dataloaders()
         self.result = result
@@ -266,7 +262,13 @@ class _Probe:
         self.module = module
         self.name = name
         self.parsing = _utilities(trainer, "parsing")
-        self.original = int(self.parsing.lightning_getattr(module, name))
+        value = self.parsing.lightning_getattr(module, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"BatchSizeFinder: {name} is {value!r}; expected a whole number >= 1, the "
+                f"batch size train_dataloader() reads (set self.{name} = 32, say, in __init__)"
+            )
+        self.original = value
         self.optimizers = list(trainer.optimizers)
         self.schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         self.device = torch.device(trainer.strategy.root_device)
@@ -319,8 +321,9 @@ class _Probe:
             return lambda: torch.autocast("cpu", dtype=dtype)
         return self.trainer.precision_plugin.train_step_context  # type: ignore[no-any-return]
 
-    def _run(self, module: Any, optimizers: list[Any], schedulers: list[Any], batch: Any, *,
-             fake: bool) -> None:  # fmt: skip
+    def _run(
+        self, module: Any, optimizers: list[Any], schedulers: list[Any], batch: Any, *, fake: bool
+    ) -> None:
         context = self._context(fake=fake)
         trainer = self.trainer
         with _probing(module, optimizers, schedulers):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import logging
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -41,7 +40,6 @@ __all__ = [
     "run_search",
 ]
 
-log = logging.getLogger("torchfit.integrations")
 
 #: How many samples at the start of a dataset are scanned for the largest one.
 SCAN = 1024
