@@ -31,7 +31,14 @@ from torchfit.integrations.search import (
     move_to,
     run_search,
 )
-from torchfit.memory import BatchSizeResult, Margin, MemoryEstimate, trace_step
+from torchfit.memory import (
+    GPU,
+    BatchSizeResult,
+    Margin,
+    MemoryEstimate,
+    SimulatedGPU,
+    trace_step,
+)
 
 __all__ = ["BatchSizeFinder"]
 
@@ -179,7 +186,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
 
     def __init__(
         self,
-        budget: int | str | Any | None = None,
+        budget: int | str | GPU | SimulatedGPU | None = None,
         *,
         margin: float | Margin | None = None,
         batch_arg_name: str = "batch_size",
