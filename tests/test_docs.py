@@ -262,7 +262,13 @@ def python_blocks(page: Path) -> list[str]:
 
 #: Pages whose Python blocks are one script, run top to bottom as a reader would.
 #: Blocks that load a real checkpoint ("path/to/...") are illustrations and left out.
-SNIPPET_PAGES = ("getting-started.md", "loaders.md", "precision.md", "quantize.md")
+SNIPPET_PAGES = (
+    "getting-started.md",
+    "loaders.md",
+    "precision.md",
+    "quantize.md",
+    "integrations.md",
+)
 
 
 def page_script(page: Path) -> str:

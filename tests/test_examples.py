@@ -25,7 +25,18 @@ EXPECTED = {
         r"^  analytic .*bytes\)$",
         r"^  traced .*bytes\)$",
     ],
+    "hf_trainer_batch_size.py": [
+        r"^BatchSizeResult: batch size [1-9]\d* x [1-9]\d* accumulation steps = effective 128",
+        r"^  2 real steps, 0 out of memory$",
+        r"^per_device_train_batch_size=\d+, gradient_accumulation_steps=\d+ \(effective 128\)$",
+        r"^trained \d+ micro-batches at batch size \[[1-9]\d*\]$",
+    ],
     "layer_table.py": [r"^MemoryEstimate"],
+    "lightning_batch_size.py": [
+        r"^BatchSizeResult: batch size [1-9]\d* \(predicted [1-9]\d*\)$",
+        r"^  2 real steps, 0 out of memory$",
+        r"^trained at batch size (?P<b>\d+): 3 steps, batches \[(?P=b)\]$",
+    ],
     "quantized_footprint.py": [
         r"^  nf4 .* bits/parameter$",
         r"^predicted before loading\s+(?P<a>\S+ \w+)\nreally held \(footprint\)\s+(?P=a)$",

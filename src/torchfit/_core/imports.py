@@ -16,6 +16,7 @@ _EXTRA: dict[str, str] = {
     "bitsandbytes": "quantize",
     "matplotlib": "plot",
     "tqdm": "test",
+    "lightning": "lightning",
 }
 
 
