@@ -3,8 +3,9 @@
 The tracer asks the rules op by op while it runs a step on fake tensors. The analytic
 module estimate runs the model's forward and backward once on data-free tensors instead
 (fake CPU tensors for a CPU target), and `CallRecorder` keeps each call that has a rule
-(`has_rule`), with the name of the layer that made it; `scratch_of` then asks the rules of the target device for those calls, with
-the very arguments the tracer would pass (shapes, strides, dtypes, groups, masks).
+(`has_rule`), with the name of the layer that made it; `scratch_of` then asks the rules
+of the target device for those calls, with the very arguments the tracer would pass
+(shapes, strides, dtypes, groups, masks).
 """
 
 from __future__ import annotations

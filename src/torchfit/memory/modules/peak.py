@@ -68,7 +68,8 @@ class _LiveWithScratch(LiveBytes):  # type: ignore[no-untyped-call]
         out = super().__torch_dispatch__(run, types, args, kwargs)
         if self.rules is not None:
             scratch = self.rules(func, args, dict(kwargs or {}), out)
-            self.peak = max(self.peak, self.live + scratch)
+            if scratch > 0:
+                self.ledger.transient(scratch)  # allocated and freed within the op
         return out
 
 
