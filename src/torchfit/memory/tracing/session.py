@@ -214,8 +214,10 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
         notes.append(f"autocast: torch.autocast('cpu', dtype={session.autocast_dtype})")
     if autocast and session.device == "cpu":
         notes.append(
-            "autocast on CPU: oneDNN's half/bfloat16 GEMM scratch is not modelled (measured "
-            "up to 4% low on tiny transformers when the peak falls on a bf16 GEMM)"
+            "autocast on CPU: of oneDNN's bf16 scratch, only AMX's weight-gradient GEMMs and "
+            "stem backward-weights convolutions are modelled; forward and input-gradient "
+            "GEMMs, convolution forward and backward-data, and every bf16 kernel without AMX "
+            "are not (measured up to 4% low on tiny transformers without AMX)"
         )
     if dropped:
         notes.append(f"{format_bytes(dropped)} left over from the warm-up were not counted")
