@@ -65,3 +65,40 @@ def test_precision_and_autocast_must_agree():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="converts a copy of the model"):
         measure_step(model, inputs, optimizer=optimizer, precision="bf16-true", device="cpu")
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_gradient_checkpointing_traces_for_cuda(family):
+    # The recomputation runs inside backward, where a torch function mode is not active:
+    # it must still take the fused SDPA / dropout the forward took (was a CheckpointError)
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=128,
+            attention_dropout=0.1,
+        )
+        cls = transformers.LlamaForCausalLM
+    else:
+        config = transformers.BertConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=128,
+        )
+        cls = transformers.BertForMaskedLM
+    torch.manual_seed(0)
+    model = cls(config)
+    ids = torch.randint(0, VOCAB, (16, 128))
+    inputs = {"input_ids": ids, "labels": ids}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    plain = trace(model, inputs, device="cuda", optimizer="sgd")
+    model.gradient_checkpointing_enable()
+    checkpointed = trace(model, inputs, device="cuda", optimizer="sgd")
+    assert checkpointed.activations < plain.activations
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa  # restored

@@ -34,7 +34,8 @@ which differ from the CPU ones that the trace runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -81,6 +82,37 @@ class FusedSdpa(TorchFunctionMode):
             return self._dropout(func, args, kwargs)
         if func is not _SDPA:
             return func(*args, **kwargs)
+        return self._sdpa(func, args, kwargs)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FusedSdpa]:
+        """Route SDPA and dropout for the whole step, backward's recomputations included.
+
+        A torch function mode is not active while autograd runs backward, so the
+        forward that gradient checkpointing recomputes there would take the math path
+        and no longer match what it saved (measured with torch 2.13: a ``CheckpointError``
+        "Recomputed values ... have different metadata"). The functions are therefore also
+        replaced in ``torch.nn.functional`` for the step, and restored after it.
+        """
+        functional = torch.nn.functional
+
+        def sdpa(*args: Any, **kwargs: Any) -> Any:
+            return self._sdpa(_SDPA, args, kwargs)
+
+        def dropout(*args: Any, **kwargs: Any) -> Any:
+            return self._dropout(_DROPOUT, args, kwargs)
+
+        functional.scaled_dot_product_attention = sdpa
+        functional.dropout = dropout
+        try:
+            with self:
+                yield self
+        finally:
+            functional.scaled_dot_product_attention = _SDPA
+            functional.dropout = _DROPOUT
+
+    def _sdpa(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``scaled_dot_product_attention`` as the fused kernel, where the GPU would fuse it."""
         bound = _sdpa_arguments(args, kwargs)
         query = bound["query"]
         if query.dim() != 4 or query.shape[-1] > _MAX_FUSED_HEAD:

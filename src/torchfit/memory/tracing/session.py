@@ -152,7 +152,7 @@ def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
     def one_step() -> None:
         with contextlib.ExitStack() as stack:
             if sdpa is not None:
-                stack.enter_context(sdpa)
+                stack.enter_context(sdpa.installed())
             if session.autocast_dtype is not None:
                 stack.enter_context(torch.autocast("cpu", dtype=session.autocast_dtype))
             session.step()
