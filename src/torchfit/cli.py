@@ -155,6 +155,13 @@ def _add_step_flags(plan: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
     )
+    plan.add_argument(
+        "--loss-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
+    )
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -198,6 +205,7 @@ def _plan(args: argparse.Namespace) -> int:
         optimizer_in_backward=args.optimizer_in_backward,
         cuda_version=args.cuda_version,
         context_bytes=args.context,
+        loss_chunk_size=args.loss_chunk,
     )
     if args.plot:
         from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415

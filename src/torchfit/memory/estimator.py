@@ -49,6 +49,7 @@ def estimate(
     set_to_none: bool = True,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    loss_chunk_size: int | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -90,6 +91,11 @@ def estimate(
             Trainer and Lightning drop it first (``False``).
         optimizer_in_backward: Each parameter steps as soon as its gradient is ready and
             the gradient is freed (torchtune's ``optimizer_in_bwd``).
+        loss_chunk_size: The loss is computed in chunks of this many positions
+            (torchtune's ``CEWithChunkedOutputLoss``: ``seq_len // 8``; LitGPT's
+            ``chunked_cross_entropy``: 128), so backward makes one chunk's logit gradients
+            at a time. Fused linear cross-entropy (Liger), which never makes the logits, is
+            not modelled.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -107,21 +113,13 @@ def estimate(
     if device not in _DEVICES:
         raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
     numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed_precision)
-    loop = Loop(
-        accumulation_steps=gradient_accumulation_steps,
+    loop = _loop(
+        gradient_accumulation_steps,
         set_to_none=set_to_none,
         keep_output=keep_output,
+        in_backward=optimizer_in_backward,
+        loss_chunk=loss_chunk_size,
     )
-    if not isinstance(optimizer_in_backward, bool):
-        raise TypeError(
-            f"optimizer_in_backward must be True or False; got {optimizer_in_backward!r}"
-        )
-    if optimizer_in_backward and loop.accumulation_steps > 1:
-        raise ValueError(
-            "optimizer_in_backward=True steps each parameter during backward, so gradients "
-            f"cannot accumulate over gradient_accumulation_steps={loop.accumulation_steps}; "
-            "use one or the other (torchtune refuses the pair too)"
-        )
     dtype, mixed_precision = numerics.weights, numerics.mixed
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
@@ -177,7 +175,33 @@ def estimate(
         loop=loop,
         optimizer_in_backward=optimizer_in_backward,
         compute_dtype=numerics.compute,
+        loss_chunk=loss_chunk_size,
     )
+
+
+def _loop(
+    accumulation: int,
+    *,
+    set_to_none: bool,
+    keep_output: bool,
+    in_backward: bool,
+    loss_chunk: int | None,
+) -> Loop:
+    """The loop knobs of `estimate`, checked together."""
+    loop = Loop(accumulation_steps=accumulation, set_to_none=set_to_none, keep_output=keep_output)
+    if not isinstance(in_backward, bool):
+        raise TypeError(f"optimizer_in_backward must be True or False; got {in_backward!r}")
+    if in_backward and loop.accumulation_steps > 1:
+        raise ValueError(
+            "optimizer_in_backward=True steps each parameter during backward, so gradients "
+            f"cannot accumulate over gradient_accumulation_steps={loop.accumulation_steps}; "
+            "use one or the other (torchtune refuses the pair too)"
+        )
+    if loss_chunk is not None and (isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int)):
+        raise TypeError(f"loss_chunk_size must be an int or None; got {loss_chunk!r}")
+    if loss_chunk is not None and loss_chunk < 1:
+        raise ValueError(f"loss_chunk_size must be >= 1 position, or None; got {loss_chunk}")
+    return loop
 
 
 def _refuse_loop_for_modules(loop: Loop, *, in_backward: bool) -> None:

@@ -150,3 +150,17 @@ def test_optimizer_in_backward_never_holds_every_gradient():
     plain = estimate(config, **common)
     assert fused.gradients == 0
     assert fused.total <= plain.total
+
+
+def test_a_chunked_loss_makes_one_chunk_of_logit_gradients():
+    config, _ = _llama()
+    common = dict(batch_size=2, seq_len=256, optimizer="sgd", device="cpu")
+    whole = estimate(config, **common)
+    chunked = estimate(config, loss_chunk_size=32, **common)
+    # the start of backward: two fp32 logit-sized gradients, of 256 positions or of 32
+    assert whole.workspace == 2 * 2 * 256 * VOCAB * 4
+    assert 2 * 2 * 32 * VOCAB * 4 <= chunked.workspace < whole.workspace
+    assert whole.total - chunked.total == whole.workspace - chunked.workspace
+    assert any("chunks of 32 positions" in note for note in chunked.notes)
+    with pytest.raises(ValueError, match="loss_chunk_size must be >= 1"):
+        estimate(config, loss_chunk_size=0, **common)

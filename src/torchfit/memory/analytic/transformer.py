@@ -112,6 +112,7 @@ def estimate_transformer(
     loop: Loop | None = None,
     optimizer_in_backward: bool = False,
     compute_dtype: str | DType | None = None,
+    loss_chunk: int | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -206,6 +207,7 @@ def estimate_transformer(
         notes=notes,
         loop=Loop() if loop is None else loop,
         in_backward=optimizer_in_backward,
+        loss_chunk=loss_chunk,
     )
 
 
@@ -224,6 +226,7 @@ def _training_peak(
     notes: list[str],
     loop: Loop,
     in_backward: bool,
+    loss_chunk: int | None,
 ) -> MemoryEstimate:
     """The larger of the start of backward and the optimizer step (module docstring)."""
     compute, device, opt = settings.dtype, settings.device, optimizer
@@ -242,26 +245,22 @@ def _training_peak(
         for k in range(spec.num_layers)
     )
     # Start of backward: the loss gradient w.r.t. the log-softmax and the logits (fp32).
-    loss_grads = 2 * tokens * spec.vocab * FP32
+    # With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
+    # chunked_cross_entropy) backward makes these gradients one chunk of positions at a time.
+    loss_tokens = tokens if loss_chunk is None else batch_size * min(seq_len, loss_chunk)
+    loss_grads = 2 * loss_tokens * spec.vocab * FP32
+    if loss_chunk is not None:
+        notes.append(f"loss in chunks of {loss_chunk} positions: one chunk's logit gradients")
     # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
     # and the activation's chain of intermediates gets a gradient each (measured with the
     # tracer: gelu_new's backward holds about four i-wide tensors at once).
     mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
-    head_grad = math.ceil(spec.vocab * spec.hidden * elem_of(mixed, compute))
+    # a frozen head (LoRA on the blocks) gets no weight gradient
+    head = 0 if settings.frozen_base else spec.vocab * spec.hidden
+    head_grad = math.ceil(head * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
-    if loop.keep_output:
-        # The caller's reference to the output keeps the logits alive through backward
-        # (lm_head's output: 16-bit under autocast or a 16-bit model, fp32 otherwise).
-        backward_start += math.ceil(tokens * spec.vocab * compute.itemsize)
-        notes.append("the forward's output (the logits) is kept through backward")
-    kept_grads = states.gradients if loop.gradients_during_forward else 0
-    if kept_grads:
-        why = (
-            f"{loop.accumulation_steps} accumulation steps"
-            if loop.accumulation_steps > 1
-            else "zero_grad(set_to_none=False)"
-        )
-        notes.append(f"gradients alive through forward and backward ({why})")
+    backward_start += _kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
+    kept_grads = _kept_gradients(loop, states.gradients, notes)
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
     elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
     if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
@@ -286,7 +285,8 @@ def _training_peak(
         backward_start = max(backward_start, activations + step_temp)
     # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
     # the optimizer step.
-    if in_backward or backward_start + states.autocast_copies >= states.gradients + step_temp:
+    start = backward_start + kept_grads + states.autocast_copies
+    if in_backward or start >= states.gradients + step_temp:
         peak_at = "start of backward"
         act, grads, workspace = activations, kept_grads, backward_start - activations
         copies = states.autocast_copies
@@ -305,6 +305,27 @@ def _training_peak(
         layers=layers if act else (),
         peak_at=peak_at,
     )
+
+
+def _kept_output(loop: Loop, logits: float, notes: list[str]) -> int:
+    """The logits the caller keeps referenced through backward (16-bit under autocast)."""
+    if not loop.keep_output:
+        return 0
+    notes.append("the forward's output (the logits) is kept through backward")
+    return math.ceil(logits)
+
+
+def _kept_gradients(loop: Loop, gradients: int, notes: list[str]) -> int:
+    """Gradients alive through forward and backward: accumulated, or zeroed in place."""
+    if not loop.gradients_during_forward:
+        return 0
+    why = (
+        f"{loop.accumulation_steps} accumulation steps"
+        if loop.accumulation_steps > 1
+        else "zero_grad(set_to_none=False)"
+    )
+    notes.append(f"gradients alive through forward and backward ({why})")
+    return gradients
 
 
 def _inference(

@@ -35,6 +35,7 @@ class Settings:
     optimizer_in_backward: bool = False
     cuda_version: str | None = None
     context_bytes: int | None = None
+    loss_chunk_size: int | None = None
 
     def device(self) -> dict[str, Any]:
         """The keyword arguments of `to_device` these settings stand for."""
@@ -48,6 +49,7 @@ class Settings:
             "set_to_none": self.set_to_none,
             "keep_output": self.keep_output,
             "optimizer_in_backward": self.optimizer_in_backward,
+            "loss_chunk_size": self.loss_chunk_size,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,

@@ -202,6 +202,7 @@ def fits(
     optimizer_in_backward: bool = False,
     cuda_version: str | None = None,
     context_bytes: int | str | None = None,
+    loss_chunk_size: int | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -244,6 +245,7 @@ def fits(
         cuda_version: The CUDA version the job runs (``"11.2"``, ``"12.4"``): the CUDA
             context is larger before 11.7 (see `cuda_context_bytes`).
         context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model.
+        loss_chunk_size: A loss computed in chunks of this many positions; see `estimate`.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -293,6 +295,7 @@ def fits(
         optimizer_in_backward=optimizer_in_backward,
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=None if context_bytes is None else parse_bytes(context_bytes),
+        loss_chunk_size=loss_chunk_size,
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)
