@@ -8,11 +8,13 @@ model in memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torchfit._core.step import Loop, OptimizerName, resolve_numerics
 from torchfit._core.units import DType
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import TransformerSpec, describe
+from torchfit.memory.analytic.lora import LoraSetup, lora_setup
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.resolve import (
     build_model,
@@ -50,6 +52,10 @@ def estimate(
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
     loss_chunk_size: int | None = None,
+    lora: Any = None,
+    lora_rank: int | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    lora_dropout: float | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -96,6 +102,15 @@ def estimate(
             ``chunked_cross_entropy``: 128), so backward makes one chunk's logit gradients
             at a time. Fused linear cross-entropy (Liger), which never makes the logits, is
             not modelled.
+        lora: A ``peft.LoraConfig``: its ``r``, ``target_modules``, ``lora_dropout`` and
+            ``modules_to_save`` decide what trains and what the adapters keep.
+        lora_rank: LoRA rank (PEFT's default 8 when only targets are given).
+        lora_targets: The Linears that get adapters, in the model's names (``["q_proj",
+            "v_proj"]``), or ``"all-linear"``; PEFT's default for the family when only a
+            rank is given. Training a quantized base (``"nf4"``, ``"int8"``) without any of
+            these or ``trainable_params`` assumes PEFT's default adapters, and says so.
+        lora_dropout: ``lora_dropout``: above 0 each adapter keeps a mask and a dropped
+            copy of its input.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -130,7 +145,8 @@ def estimate(
             raise ValueError(
                 "an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)"
             )
-        _refuse_loop_for_modules(loop, in_backward=optimizer_in_backward)
+        wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
+        _refuse_loop_for_modules(loop, in_backward=optimizer_in_backward, lora=wants_lora)
         return estimate_module(
             model,
             batch_size=batch_size,
@@ -176,7 +192,21 @@ def estimate(
         optimizer_in_backward=optimizer_in_backward,
         compute_dtype=numerics.compute,
         loss_chunk=loss_chunk_size,
+        lora=_lora(spec, lora, lora_rank, lora_targets, lora_dropout),
     )
+
+
+def _lora(
+    spec: TransformerSpec,
+    lora: Any,
+    rank: int | None,
+    targets: str | Sequence[str] | None,
+    dropout: float | None,
+) -> LoraSetup | None:
+    """The adapters asked for, or None when no LoRA argument was given."""
+    if lora is None and rank is None and targets is None and dropout is None:
+        return None
+    return lora_setup(spec, lora=lora, rank=rank, targets=targets, dropout=dropout)
 
 
 def _loop(
@@ -204,8 +234,13 @@ def _loop(
     return loop
 
 
-def _refuse_loop_for_modules(loop: Loop, *, in_backward: bool) -> None:
+def _refuse_loop_for_modules(loop: Loop, *, in_backward: bool, lora: bool = False) -> None:
     """The meta-pass estimate models the plain loop only; say so rather than ignore a knob."""
+    if lora:
+        raise ValueError(
+            "lora=/lora_rank=/lora_targets= need a transformers config of a family with a "
+            "closed form; for this model pass trainable_params=, or trace the peft model"
+        )
     if loop != Loop(keep_output=loop.keep_output) or in_backward:
         raise ValueError(
             "gradient_accumulation_steps, set_to_none=False and optimizer_in_backward are "

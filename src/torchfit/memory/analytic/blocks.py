@@ -19,6 +19,7 @@ from torchfit.memory.analytic.formulas import (
     dropout_mask_bytes,
     keeps_linear_state,
 )
+from torchfit.memory.analytic.lora import BLOCK_ROLES, LoraSetup, role_shapes
 
 __all__ = [
     "BlockSettings",
@@ -59,6 +60,33 @@ class BlockSettings:
     training: bool = True
     frozen_base: bool = False
     autocast: bool = False
+    lora: LoraSetup | None = None
+
+    def keeps_input(self, *roles: str) -> bool:
+        """Whether a Linear of these roles keeps its input for backward.
+
+        A trained Linear keeps it for its weight's gradient; over a frozen base only an
+        adapter without dropout does (its ``lora_A`` reads the input itself). With no
+        `LoraSetup` a frozen base is taken to have adapters on every block Linear.
+        """
+        if not self.frozen_base or self.lora is None:
+            return True
+        return self.lora.dropout == 0 and any(role in self.lora.roles for role in roles)
+
+    def adapter_terms(self, spec: TransformerSpec) -> list[Term]:
+        """What each adapter keeps: ``lora_B``'s input, and with dropout a mask and a copy."""
+        roles = set() if self.lora is None else self.lora.roles & BLOCK_ROLES
+        if not self.frozen_base or self.lora is None or not roles:
+            return []
+        e, r = self.dtype.itemsize, self.lora.rank
+        inputs = {role: shape[0] for role, shape in role_shapes(spec).items()}
+        count = len(roles)
+        terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", count * r * e)]
+        if self.lora.dropout > 0:
+            mask = dropout_mask_bytes(self.dtype, self.device)
+            width = sum(inputs[role] for role in roles)
+            terms.append(Term("LoRA dropout: masks and dropped inputs", width * (mask + e)))
+        return terms
 
     @property
     def residual(self) -> float:
@@ -120,14 +148,15 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
         return [
             Term("ln_1 input + mean/rstd", h * s.residual + 2 * FP32),
-            Term("c_attn input", h * e),
+            Term("c_attn input", h * e if s.keeps_input("qkv") else 0),
             *_core(spec, seq_len, s),
-            Term("c_proj input", h * e),
+            Term("c_proj input", h * e if s.keeps_input("o") else 0),
             Term("dropout masks (attn, mlp)", 2 * h * drop),
             Term("ln_2 input + mean/rstd", h * s.residual + 2 * FP32),
-            Term("c_fc input", h * e),
+            Term("c_fc input", h * e if s.keeps_input("fc") else 0),
             Term(f"{spec.activation} intermediates", act * i * e),
-            Term("mlp c_proj input", i * e),
+            Term("mlp c_proj input", i * e if s.keeps_input("down") else 0),
+            *s.adapter_terms(spec),
         ]
     if spec.family is Family.LLAMA:
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
@@ -135,23 +164,26 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         rms = h * FP32 + FP32 + (0 if s.frozen_base else h * s.residual)
         return [
             Term("input RMSNorm", rms),
-            Term("q/k/v input", h * e),
+            Term("q/k/v input", h * e if s.keeps_input("q", "k", "v") else 0),
             *_core(spec, seq_len, s),
-            Term("o_proj input", h * e),
+            Term("o_proj input", h * e if s.keeps_input("o") else 0),
             Term("post-attention RMSNorm", rms),
-            Term("gate/up input", h * e),
-            Term("SwiGLU: gate, act(gate), up, product", 4 * i * e),
+            Term("gate/up input", h * e if s.keeps_input("gate", "up") else 0),
+            Term("SwiGLU: gate, act(gate), up", 3 * i * e),
+            Term("down_proj input (the product)", i * e if s.keeps_input("down") else 0),
+            *s.adapter_terms(spec),
         ]
     act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
     return [
-        Term("q/k/v input", h * e),
+        Term("q/k/v input", h * e if s.keeps_input("q", "k", "v") else 0),
         *_core(spec, seq_len, s),
-        Term("attention output input", h * e),
+        Term("attention output input", h * e if s.keeps_input("o") else 0),
         Term("dropout masks", 2 * h * drop),
         Term("LayerNorm inputs + mean/rstd", 2 * (h * s.residual + 2 * FP32)),
-        Term("intermediate input", h * e),
+        Term("intermediate input", h * e if s.keeps_input("fc") else 0),
         Term(f"{spec.activation} input", act * i * e),
-        Term("output dense input", i * e),
+        Term("output dense input", i * e if s.keeps_input("down") else 0),
+        *s.adapter_terms(spec),
     ]
 
 

@@ -35,6 +35,7 @@ from torchfit.memory.analytic.formulas import (
     model_state_bytes,
     parse_attention,
 )
+from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
 __all__ = ["adapters_only", "elem_of", "estimate_transformer", "parameter_shapes"]
@@ -113,6 +114,7 @@ def estimate_transformer(
     optimizer_in_backward: bool = False,
     compute_dtype: str | DType | None = None,
     loss_chunk: int | None = None,
+    lora: LoraSetup | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -131,13 +133,10 @@ def estimate_transformer(
     opt = parse_optimizer(optimizer) if training else OptimizerName.NONE
     notes: list[str] = []
 
+    lora = _adapters(spec, lora, trainable_params, weights_format, training=training, notes=notes)
+    if lora is not None:
+        trainable_params, frozen_base = lora_parameters(spec, lora), True
     trainable = spec.num_params if trainable_params is None else trainable_params
-    if weights_format.is_quantized and training and trainable_params is None:
-        raise ValueError(
-            f"training with {weights_format.value} weights needs adapters: pass "
-            "trainable_params=<LoRA parameters> (torchfit plan: --trainable-params N); the "
-            "quantized base stays frozen"
-        )
     states = model_state_bytes(
         params=spec.num_params,
         trainable=trainable,
@@ -174,6 +173,7 @@ def estimate_transformer(
         frozen_base=training
         and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
         autocast=training and mixed and compute.bits == 16,
+        lora=lora if training else None,
     )
     if not training:
         return _inference(
@@ -305,6 +305,35 @@ def _training_peak(
         layers=layers if act else (),
         peak_at=peak_at,
     )
+
+
+def _adapters(
+    spec: TransformerSpec,
+    lora: LoraSetup | None,
+    trainable_params: int | None,
+    weights: DType,
+    *,
+    training: bool,
+    notes: list[str],
+) -> LoraSetup | None:
+    """The LoRA adapters that train, if any: asked for, or PEFT's default for a quantized base."""
+    if not training:
+        return None
+    if weights.is_quantized and lora is None and trainable_params is None:
+        lora = lora_setup(spec)
+        notes.append(
+            f"{weights.value} weights train through adapters: assumed PEFT's default LoRA, "
+            f"r={lora.rank} on {', '.join(DEFAULT_TARGETS[spec.family])} "
+            "(set lora_rank=/lora_targets=, or trainable_params=)"
+        )
+    if lora is not None and trainable_params is not None:
+        adapters = lora_parameters(spec, lora)
+        if trainable_params != adapters:
+            raise ValueError(
+                f"trainable_params={trainable_params:,} contradicts the LoRA adapters, which "
+                f"train {adapters:,} parameters; pass only one of them"
+            )
+    return lora
 
 
 def _kept_output(loop: Loop, logits: float, notes: list[str]) -> int:

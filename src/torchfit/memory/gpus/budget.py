@@ -50,9 +50,9 @@ def read_budget(value: float | str | GPU) -> GPU | int:
                 return parse_bytes(value)
             except ValueError:
                 raise ValueError(
-                    f"{card_error}; torchfit cannot read {value!r} as a memory budget: it is "
-                    "neither a size such as '12GB' nor a GPU name torchfit knows; pass bytes, "
-                    "a size string or a torchfit.memory.GPU"
+                    f"cannot read {value!r} as a memory budget: it is neither a size such as "
+                    "'12GB' nor a GPU name torchfit knows; pass bytes, a size string or a "
+                    f"torchfit.memory.GPU ({card_error})"
                 ) from None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return parse_bytes(value)

@@ -1,0 +1,262 @@
+"""LoRA adapters by their targets: which block Linears get one, what they train and save.
+
+Target names are matched the way PEFT matches ``target_modules`` (a module name, or its
+last components), in each family's own names (``q_proj``/``v_proj`` for Llama-style
+models, ``c_attn``/``c_proj``/``c_fc`` for GPT-2, ``query``/``value``/``dense`` for BERT),
+plus PEFT's ``"all-linear"`` and the group names other recipes use (``"attention"``,
+``"mlp"``, LitGPT's ``"query"``/``"key"``/``"value"``/``"projection"``, and ``"head"``
+for the output head). Each name becomes a *role* of the block: q, k, v, qkv (GPT-2's
+fused projection), o, gate, up, fc, down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from torchfit.memory.analytic.arch import Family, TransformerSpec
+
+__all__ = [
+    "BLOCK_ROLES",
+    "DEFAULT_RANK",
+    "DEFAULT_TARGETS",
+    "LoraSetup",
+    "lora_from_peft",
+    "lora_parameters",
+    "lora_setup",
+    "resolve_targets",
+    "role_shapes",
+]
+
+#: A family's module names (as PEFT sees their last component) -> roles.
+_NAMES: dict[Family, dict[str, tuple[str, ...]]] = {
+    Family.LLAMA: {
+        "q_proj": ("q",),
+        "k_proj": ("k",),
+        "v_proj": ("v",),
+        "o_proj": ("o",),
+        "gate_proj": ("gate",),
+        "up_proj": ("up",),
+        "down_proj": ("down",),
+        "query": ("q",),
+        "key": ("k",),
+        "value": ("v",),
+        "projection": ("o",),
+        "output_proj": ("o",),
+        "attention": ("q", "k", "v", "o"),
+        "mlp": ("gate", "up", "down"),
+    },
+    Family.GPT2: {
+        "c_attn": ("qkv",),
+        "attn.c_proj": ("o",),
+        "mlp.c_proj": ("down",),
+        "c_proj": ("o", "down"),
+        "c_fc": ("fc",),
+        "attention": ("qkv", "o"),
+        "mlp": ("fc", "down"),
+    },
+    Family.BERT: {
+        "query": ("q",),
+        "key": ("k",),
+        "value": ("v",),
+        "attention.output.dense": ("o",),
+        "intermediate.dense": ("fc",),
+        "output.dense": ("o", "down"),
+        "transform.dense": ("transform",),
+        "dense": ("o", "fc", "down", "transform"),
+        "attention": ("q", "k", "v", "o"),
+        "mlp": ("fc", "down"),
+    },
+}
+_HEAD = frozenset({"head", "lm_head", "output"})
+#: Roles outside the blocks, one Linear per model (BERT's masked-LM head transform).
+_ONCE = frozenset({"transform"})
+#: The roles of a block's Linears.
+BLOCK_ROLES = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "fc", "down"})
+
+#: PEFT's default targets per family (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``
+#: in peft/utils/constants.py: llama/mistral/qwen2 -> q_proj, v_proj; gpt2 -> c_attn;
+#: bert -> query, value), with PEFT's default rank ``r=8`` and dropout 0.
+DEFAULT_TARGETS: dict[Family, tuple[str, ...]] = {
+    Family.LLAMA: ("q_proj", "v_proj"),
+    Family.GPT2: ("c_attn",),
+    Family.BERT: ("query", "value"),
+}
+DEFAULT_RANK = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSetup:
+    """Adapters of rank ``rank`` on the block ``roles`` (and the head), with their dropout.
+
+    Attributes:
+        rank: ``r``.
+        roles: Block roles that get an adapter (see the module notes).
+        head: The output head gets one too.
+        dropout: ``lora_dropout``: above 0 each adapter keeps a mask and a dropped copy of
+            its input; at 0 it keeps the input itself.
+        extra_trainable: Parameters of ``modules_to_save`` that train in full.
+    """
+
+    rank: int
+    roles: frozenset[str]
+    head: bool = False
+    dropout: float = 0.0
+    extra_trainable: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse a rank below 1 and a dropout outside [0, 1)."""
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"lora_rank must be an int >= 1; got {self.rank!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1); got {self.dropout!r}")
+
+
+def resolve_targets(
+    spec: TransformerSpec, targets: str | Iterable[str]
+) -> tuple[frozenset[str], bool]:
+    """The block roles and whether the head is targeted, for ``targets`` of ``spec``'s family.
+
+    Raises:
+        ValueError: a name that matches no Linear of the family; the message lists them.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> roles, head = resolve_targets(describe(LlamaConfig()), ["q_proj", "v_proj"])
+        >>> sorted(roles), head
+        (['q', 'v'], False)
+    """
+    names = _NAMES[spec.family]
+    wanted = [targets] if isinstance(targets, str) else list(targets)
+    if not wanted:
+        raise ValueError(
+            "lora_targets is empty; name the Linears to adapt, e.g. ['q_proj', 'v_proj']"
+        )
+    roles: set[str] = set()
+    head = False
+    for name in wanted:
+        if not isinstance(name, str):
+            raise TypeError(f"a LoRA target must be a module name; got {name!r}")
+        key = name.strip()
+        if key == "all-linear":  # PEFT: every Linear but the output head
+            roles |= {role for found in names.values() for role in found}
+        elif key in _HEAD:
+            head = True
+        elif key in names:
+            roles |= set(names[key])
+        else:
+            known = ", ".join(sorted({*names, "all-linear", "lm_head"}))
+            raise ValueError(
+                f"LoRA target {name!r} matches no Linear of a {spec.family.value}-style "
+                f"block; expected some of: {known}"
+            )
+    return frozenset(roles), head
+
+
+def role_shapes(spec: TransformerSpec) -> dict[str, tuple[int, int]]:
+    """``(in_features, out_features)`` of each role's Linear in one block."""
+    h, i, kv = spec.hidden, spec.intermediate, spec.kv_dim
+    q = spec.num_heads * spec.head_dim
+    return {
+        "q": (h, q),
+        "k": (h, kv),
+        "v": (h, kv),
+        "qkv": (h, q + 2 * kv),
+        "o": (q, h),
+        "gate": (h, i),
+        "up": (h, i),
+        "fc": (h, i),
+        "down": (i, h),
+        "transform": (h, h),
+    }
+
+
+def lora_parameters(spec: TransformerSpec, setup: LoraSetup) -> int:
+    """Parameters the adapters train: ``r * (in + out)`` per adapted Linear, plus the rest.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> spec = describe(LlamaConfig())  # Llama-2-7B's shapes
+        >>> lora_parameters(spec, LoraSetup(rank=8, roles=frozenset({"q", "v"})))
+        4194304
+    """
+    shapes = role_shapes(spec)
+    per_block = sum(setup.rank * sum(shapes[role]) for role in setup.roles - _ONCE)
+    once = sum(setup.rank * sum(shapes[role]) for role in setup.roles & _ONCE)
+    head = setup.rank * (spec.hidden + spec.vocab) if setup.head else 0
+    return spec.num_layers * per_block + once + head + setup.extra_trainable
+
+
+def lora_from_peft(spec: TransformerSpec, config: Any, *, params_of: dict[str, int]) -> LoraSetup:
+    """A `LoraSetup` from a ``peft.LoraConfig``: r, target_modules, dropout, modules_to_save.
+
+    ``params_of`` gives the parameter count of each module name ``modules_to_save`` may
+    name (``"lm_head"``, ``"embed_tokens"``...).
+    """
+    targets = getattr(config, "target_modules", None)
+    if targets is None:
+        raise ValueError(
+            "the LoraConfig has no target_modules; name them (e.g. ['q_proj', 'v_proj']) or "
+            "use target_modules='all-linear'"
+        )
+    roles, head = resolve_targets(spec, targets)
+    extra = 0
+    for name in getattr(config, "modules_to_save", None) or ():
+        if name not in params_of:
+            known = ", ".join(sorted(params_of))
+            raise ValueError(f"modules_to_save names {name!r}; expected some of: {known}")
+        extra += params_of[name]
+    return LoraSetup(
+        rank=int(config.r),
+        roles=roles,
+        head=head,
+        dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0),
+        extra_trainable=extra,
+    )
+
+
+def lora_setup(
+    spec: TransformerSpec,
+    *,
+    lora: Any = None,
+    rank: int | None = None,
+    targets: str | Iterable[str] | None = None,
+    dropout: float | None = None,
+) -> LoraSetup:
+    """The adapters `estimate` plans: a ``peft.LoraConfig``, a rank and targets, or defaults.
+
+    The defaults are PEFT's for the family: ``r=8`` on q and v (`DEFAULT_TARGETS`).
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> setup = lora_setup(describe(GPT2Config()))
+        >>> setup.rank, sorted(setup.roles)
+        (8, ['qkv'])
+    """
+    if lora is not None:
+        if rank is not None or targets is not None:
+            raise ValueError(
+                "lora= (a peft.LoraConfig) and lora_rank=/lora_targets= both describe the "
+                "adapters; pass one of them"
+            )
+        params_of = {
+            "lm_head": spec.vocab * spec.hidden,
+            "embed_tokens": spec.vocab * spec.hidden,
+            "wte": spec.vocab * spec.hidden,
+            "score": spec.hidden,
+            "classifier": spec.hidden,
+        }
+        return lora_from_peft(spec, lora, params_of=params_of)
+    roles, head = resolve_targets(
+        spec, DEFAULT_TARGETS[spec.family] if targets is None else targets
+    )
+    return LoraSetup(
+        rank=DEFAULT_RANK if rank is None else rank,
+        roles=roles,
+        head=head,
+        dropout=0.0 if dropout is None else dropout,
+    )

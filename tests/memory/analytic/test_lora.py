@@ -1,0 +1,148 @@
+"""LoRA by its targets: parameters, what the adapters keep, against real peft models on CPU."""
+
+import pytest
+import torch
+
+from torchfit.memory import estimate, measure_step, trace
+from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.lora import lora_parameters, lora_setup
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+VOCAB = 4000
+
+
+def _model(family):
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+        )
+        cls = transformers.LlamaForCausalLM
+    elif family == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=3,
+            n_embd=128,
+            n_head=4,
+            n_positions=256,
+            vocab_size=VOCAB,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        cls = transformers.GPT2LMHeadModel
+    else:
+        config = transformers.BertConfig(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        cls = transformers.BertForMaskedLM
+    torch.manual_seed(0)
+    return config, cls(config)
+
+
+CASES = [
+    ("llama", ["q_proj", "v_proj"], 0.0),
+    ("llama", ["q_proj", "v_proj"], 0.1),
+    ("llama", "all-linear", 0.0),
+    ("llama", ["o_proj", "down_proj"], 0.05),
+    ("gpt2", ["c_attn"], 0.0),
+    ("gpt2", ["c_attn", "c_proj", "c_fc"], 0.0),
+    ("bert", ["query", "value"], 0.0),
+    ("bert", ["query", "key", "value", "dense"], 0.1),
+]
+
+
+@pytest.mark.parametrize(("family", "targets", "dropout"), CASES)
+def test_adapters_train_what_peft_trains(family, targets, dropout):
+    config, model = _model(family)
+    lora = peft.LoraConfig(
+        r=8, target_modules=targets, lora_dropout=dropout, fan_in_fan_out=family == "gpt2"
+    )
+    real = peft.get_peft_model(model, lora)
+    trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert lora_parameters(describe(config), lora_setup(describe(config), lora=lora)) == trains
+
+
+@pytest.mark.parametrize(("family", "targets", "dropout"), CASES)
+def test_estimate_of_a_lora_step_against_the_real_peft_step(family, targets, dropout):
+    config, model = _model(family)
+    lora = peft.LoraConfig(
+        r=8, target_modules=targets, lora_dropout=dropout, fan_in_fan_out=family == "gpt2"
+    )
+    real = peft.get_peft_model(model, lora)
+    ids = torch.randint(0, VOCAB, (4, 128))
+    inputs = {"input_ids": ids, "labels": ids}
+    measured = measure_step(real, inputs, device="cpu").peak
+    predicted = estimate(config, batch_size=4, seq_len=128, device="cpu", lora=lora).total
+    error = (predicted - measured) / measured
+    assert abs(error) <= 0.04, f"{error:+.1%}"
+
+
+def test_a_real_peft_model_traces_exactly():
+    _, model = _model("llama")
+    real = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    ids = torch.randint(0, VOCAB, (4, 64))
+    inputs = {"input_ids": ids, "labels": ids}
+    traced = trace(real, inputs, device="cpu").total
+    measured = measure_step(real, inputs, device="cpu").peak
+    assert abs(traced - measured) <= 64
+
+
+def test_rank_and_targets_without_peft_match_a_lora_config():
+    config, _ = _model("llama")
+    common = dict(batch_size=2, seq_len=64, device="cpu")
+    by_config = estimate(
+        config, lora=peft.LoraConfig(r=16, target_modules=["q_proj", "k_proj"]), **common
+    )
+    by_name = estimate(config, lora_rank=16, lora_targets=["q_proj", "k_proj"], **common)
+    assert by_config == by_name
+
+
+def test_a_quantized_base_assumes_peft_default_adapters_and_says_so():
+    config, _ = _model("llama")
+    plan = estimate(config, batch_size=1, seq_len=64, dtype="nf4")
+    default = estimate(
+        config,
+        batch_size=1,
+        seq_len=64,
+        dtype="nf4",
+        lora_rank=8,
+        lora_targets=["q_proj", "v_proj"],
+    )
+    assert plan.total == default.total
+    assert any("assumed PEFT's default LoRA, r=8 on q_proj, v_proj" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(lora_targets=["qq_proj"]), ValueError, "LoRA target 'qq_proj' matches no Linear"),
+        (dict(lora_targets=[]), ValueError, "lora_targets is empty"),
+        (dict(lora_rank=0), ValueError, "lora_rank must be an int >= 1"),
+        (dict(lora_dropout=1.5), ValueError, r"lora_dropout must be in \[0, 1\)"),
+        (dict(lora_rank=8, trainable_params=5), ValueError, "contradicts the LoRA adapters"),
+    ],
+)
+def test_bad_lora_settings_are_named(kwargs, error, message):
+    config, _ = _model("llama")
+    with pytest.raises(error, match=message):
+        estimate(config, batch_size=1, seq_len=16, **kwargs)
+
+
+def test_lora_on_a_plain_module_says_what_to_do():
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="trace the peft model"):
+        estimate(net, batch_size=1, input_shape=(8,), lora_rank=4)
