@@ -156,6 +156,16 @@ def _add_step_flags(plan: argparse.ArgumentParser) -> None:
         "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
     )
     plan.add_argument(
+        "--lora-rank", type=int, default=None, metavar="R", help="LoRA rank (PEFT's default 8)"
+    )
+    plan.add_argument(
+        "--lora-targets",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated Linears with adapters, e.g. q_proj,v_proj or all-linear "
+        "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
+    )
+    plan.add_argument(
         "--loss-chunk",
         type=int,
         default=None,
@@ -206,6 +216,8 @@ def _plan(args: argparse.Namespace) -> int:
         cuda_version=args.cuda_version,
         context_bytes=args.context,
         loss_chunk_size=args.loss_chunk,
+        lora_rank=args.lora_rank,
+        lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
     )
     if args.plot:
         from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415

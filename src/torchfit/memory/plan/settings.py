@@ -36,6 +36,9 @@ class Settings:
     cuda_version: str | None = None
     context_bytes: int | None = None
     loss_chunk_size: int | None = None
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] | None = None
+    lora_dropout: float | None = None
 
     def device(self) -> dict[str, Any]:
         """The keyword arguments of `to_device` these settings stand for."""
@@ -50,6 +53,9 @@ class Settings:
             "keep_output": self.keep_output,
             "optimizer_in_backward": self.optimizer_in_backward,
             "loss_chunk_size": self.loss_chunk_size,
+            "lora_rank": self.lora_rank,
+            "lora_targets": self.lora_targets,
+            "lora_dropout": self.lora_dropout,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,

@@ -177,6 +177,29 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
     return {"param_bytes": 2, "autocast_copies": copies}
 
 
+def _lora_settings(
+    lora: Any, rank: int | None, targets: str | Sequence[str] | None, dropout: float | None
+) -> dict[str, Any]:
+    """The LoRA fields of `Settings`, from a ``peft.LoraConfig`` or the separate knobs."""
+    if lora is not None:
+        if rank is not None or targets is not None or dropout is not None:
+            raise ValueError(
+                "lora= (a peft.LoraConfig) and lora_rank=/lora_targets=/lora_dropout= both "
+                "describe the adapters; pass one of them"
+            )
+        if getattr(lora, "modules_to_save", None):
+            raise ValueError(
+                "fits() plans adapters only; for a LoraConfig with modules_to_save, "
+                "call torchfit.memory.estimate(..., lora=config)"
+            )
+        rank, targets = int(lora.r), lora.target_modules
+        dropout = float(getattr(lora, "lora_dropout", 0.0) or 0.0)
+    names = (
+        None if targets is None else ((targets,) if isinstance(targets, str) else tuple(targets))
+    )
+    return {"lora_rank": rank, "lora_targets": names, "lora_dropout": dropout}
+
+
 def fits(
     model: Any,
     gpu: str | float | GPU | Sequence[str | GPU],
@@ -203,6 +226,10 @@ def fits(
     cuda_version: str | None = None,
     context_bytes: int | str | None = None,
     loss_chunk_size: int | None = None,
+    lora: Any = None,
+    lora_rank: int | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    lora_dropout: float | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -246,6 +273,11 @@ def fits(
             context is larger before 11.7 (see `cuda_context_bytes`).
         context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model.
         loss_chunk_size: A loss computed in chunks of this many positions; see `estimate`.
+        lora: A ``peft.LoraConfig`` (its r, target_modules and lora_dropout); or
+        lora_rank: LoRA rank, and
+        lora_targets: the Linears that get adapters (see `estimate`); a 4/8-bit base
+            without these or ``trainable_params`` assumes PEFT's default adapters.
+        lora_dropout: The adapters' dropout.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -296,6 +328,7 @@ def fits(
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=None if context_bytes is None else parse_bytes(context_bytes),
         loss_chunk_size=loss_chunk_size,
+        **_lora_settings(lora, lora_rank, lora_targets, lora_dropout),
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)
