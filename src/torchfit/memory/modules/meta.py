@@ -57,9 +57,19 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         enable_gqa: bool = False,  # noqa: FBT001, FBT002
     ) -> torch.Tensor:
         flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
-        if not flash or query.device.type != "meta":
+        # heads broadcast without enable_gqa (Falcon's multi-query keys): no fused kernel
+        # takes them, the math path runs (measured on CPU: the probabilities are saved)
+        broadcast = not enable_gqa and key.shape[-3] != query.shape[-3]
+        if not flash or broadcast or query.device.type != "meta":
             return original(
-                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
             )
         if enable_gqa and key.shape[-3] != query.shape[-3]:
             repeat = query.shape[-3] // key.shape[-3]

@@ -204,8 +204,9 @@ def activation_bytes(
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
     convert = to_meta(torch_dtype)
+    made: dict[int, nn.Parameter] = {}  # tied weights (an LM head): one meta tensor for all names
     params = {
-        name: nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
+        name: made.setdefault(id(p), nn.Parameter(convert(p.detach()), p.requires_grad))
         for name, p in model.named_parameters(remove_duplicate=False)
     }
     tensors: dict[str, torch.Tensor] = {**params}
