@@ -143,7 +143,7 @@ def test_an_unknown_id_offline_fails_fast_in_one_line(offline):
     assert "\n" not in message
     assert "'acme/llama-3.1-8b-finetuned'" in message
     assert "HF_HUB_OFFLINE" in message
-    assert "Close catalog names: llama-3.1-8b" in message
+    assert "close ones: llama-3.1-8b" in message
     assert isinstance(info.value, ValueError)  # the CLI's usage error
     assert isinstance(info.value, OSError)  # what from_pretrained raises
 

@@ -15,6 +15,7 @@ for `torchfit.quantize`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,23 +254,20 @@ def hub_config(repo_id: str, options: HubOptions | None = None) -> tuple[Any, st
 
 def _reason(error: BaseException) -> tuple[str, str]:
     """Why a Hub read failed, and what to do about it."""
-    errors = _huggingface_hub().errors
-    path_fix = (
-        "pass a catalog name (`torchfit models`), or pass the path of a folder holding "
-        "the model's config.json"
-    )
+    _huggingface_hub()
+    errors = importlib.import_module("huggingface_hub.errors")
     if isinstance(error, errors.GatedRepoError):
         return "the repository is gated", f"accept its licence on huggingface.co, then {_LOGIN}"
     if isinstance(error, errors.RepositoryNotFoundError):
-        return "no such repository, or it is private", f"check the id, or {_LOGIN}; or {path_fix}"
+        return "no such repository, or it is private", f"check the id, or {_LOGIN}"
     if isinstance(error, errors.RevisionNotFoundError):
-        return "no such revision", f"check the revision; or {path_fix}"
+        return "no such revision", "check the revision"
     if isinstance(error, errors.EntryNotFoundError) and not isinstance(error, FileNotFoundError):
-        return "the repository has no config.json", "it is not a transformers model; " + path_fix
+        return "the repository has no config.json", "it is not a transformers model"
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, FileNotFoundError):
-        return first, f"go online once to cache its config.json (about 1 KB); or {path_fix}"
-    return f"no answer from the Hub: {first}", f"check the network and the id; or {path_fix}"
+        return first, "go online once to cache its config.json (about 1 KB)"
+    return f"no answer from the Hub: {first}", "check the network and the id"
 
 
 def hub_error(name: str, error: BaseException, *, close: str = "") -> HubError:
@@ -281,10 +279,11 @@ def hub_error(name: str, error: BaseException, *, close: str = "") -> HubError:
         loading 'org/model' from the Hugging Face Hub failed (HF_HUB_OFFLINE is set): go ...
     """
     reason, fix = _reason(error)
-    hint = f" Close catalog names: {close}." if close else ""
+    hint = f"; close ones: {close}" if close else ""
     return HubError(
-        f"loading {name!r} from the Hugging Face Hub failed ({reason}): {fix}.{hint} "
-        "Or pass the path of a model saved with save_pretrained()"
+        f"loading {name!r} from the Hugging Face Hub failed ({reason}): {fix}; or pass the "
+        "path of a folder holding its config.json (save_pretrained() writes one), or a "
+        f"catalog name (`torchfit models`{hint})"
     )
 
 
