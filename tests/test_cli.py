@@ -1,6 +1,8 @@
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -131,3 +133,91 @@ def test_plan_a_vision_model_from_the_catalog_uses_its_image(capsys):
     ratio = larger["estimate"]["activations"] / default["estimate"]["activations"]
     assert 3.5 < ratio < 4.5
     assert larger["max_batch_size"] < default["max_batch_size"]
+
+
+# --- models by the names people use (issue 15) --------------------------------------------
+
+
+def test_models_lists_hub_ids_and_search_filters(capsys):
+    assert main(["models"]) == 0
+    listed = capsys.readouterr().out
+    assert "meta-llama/Llama-3.1-8B" in listed
+    assert len(listed.splitlines()) >= 60
+    assert main(["models", "--search", "llama", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {row["name"] for row in rows}
+    assert {"llama-3.1-8b", "tinyllama-1.1b", "smollm2-135m"} <= names
+    assert "mistral-7b" not in names
+    hub = {row["name"]: row["hub_id"] for row in rows}
+    assert hub["llama-3.2-1b"] == "meta-llama/Llama-3.2-1B"
+    assert main(["models", "--search", "zzqq"]) == 2
+    assert "no catalog model matches 'zzqq'" in capsys.readouterr().err
+
+
+def test_plan_takes_a_hub_id_offline(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["plan", "meta-llama/Llama-3.1-8B", "--gpu", "RTX 4090", "--seq", "2048", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"]["model"] == "meta-llama/Llama-3.1-8B"
+    assert data["estimate"]["notes"][0] == "method: closed form for model_type 'llama'"
+    # 8,030,261,248 parameters: fp32 master weights under bf16 mixed precision
+    assert data["estimate"]["weights"] == 4 * 8_030_261_248
+
+
+def test_plan_an_architecture_without_closed_form_says_so(capsys):
+    assert main(["plan", "t5-small", "--gpu", "RTX 3060", "--seq", "128", "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "note: method: meta-device pass of T5ForConditionalGeneration" in out
+    assert "verdict: FITS" in out
+
+
+def test_an_unknown_hub_id_offline_is_one_line_exit_2_in_seconds(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "torchfit.cli", "plan", "acme/no-such-model", "--gpu", "RTX 3060"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 2
+    assert result.stderr.startswith("torchfit: error: loading 'acme/no-such-model'")
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+    assert elapsed < 20  # interpreter and imports included; no network retry loop
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "", "--gpu", "RTX 3060"], "empty model name"),
+        (["plan", "timm/resnet50", "--gpu", "RTX 3060"], "pip install 'torchfit[timm]'"),
+        (["plan", "./no/such/folder", "--gpu", "RTX 3060"], "no config.json at"),
+    ],
+)
+def test_bad_model_names_are_one_line_and_exit_2(argv, needle, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchfit: error:") and needle in err
+    assert err.count("\n") == 1
+
+
+def test_trust_remote_code_is_asked_for_and_says_what_it_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "acme_newarch"}))
+    assert main(["plan", str(folder), "--gpu", "RTX 3060"]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+    # with the flag, the repository's code is asked for (there is none here): still one line
+    assert main(["plan", str(folder), "--gpu", "RTX 3060", "--trust-remote-code"]) == 2
+    err = capsys.readouterr().err
+    assert "may run its repository's Python code" in err
+    assert err.splitlines()[-1].startswith("torchfit: error:")

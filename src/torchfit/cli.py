@@ -1,12 +1,14 @@
 """The ``torchfit`` command: ``plan``, ``gpus``, ``models``.
 
-Errors a user can fix (an unknown model or card, a bad size) print one line with the
-close matches and exit with status 2, without a traceback.
+Errors a user can fix (an unknown model, Hub id or card, a bad size, a gated repository,
+no network) print one line with the close matches and exit with status 2, without a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -32,9 +34,17 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         help="does MODEL fit a card: breakdown, verdict, largest batch, advice",
-        description="MODEL is a catalog name (torchfit models), a config.json or a model folder.",
+        description="MODEL is a Hugging Face Hub id (meta-llama/Llama-3.1-8B: the catalog, "
+        "the local cache, then the Hub, config.json only), a catalog name (torchfit models), "
+        "torchvision/<name> or timm/<name>, a config.json or a model folder.",
     )
     plan.add_argument("model")
+    plan.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model repository's own Python code to read a model_type transformers "
+        "does not know (only for repositories you trust)",
+    )
     plan.add_argument("--gpu", required=True, help='card name ("RTX 3060") or size ("12GiB")')
     plan.add_argument("--gpus", type=int, default=1, help="number of such cards (default 1)")
     plan.add_argument(
@@ -111,7 +121,15 @@ def _parser() -> argparse.ArgumentParser:
 
     gpus = commands.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
-    models = commands.add_parser("models", help="list the model catalog")
+    models = commands.add_parser(
+        "models",
+        help="list the model catalog (names, sizes, Hub ids)",
+        description="The models torchfit knows offline; any other Hub id is read from the "
+        "Hugging Face cache or the Hub.",
+    )
+    models.add_argument(
+        "--search", metavar="TEXT", help="only models whose name or Hub id has TEXT"
+    )
     models.add_argument("--json", action="store_true")
     return parser
 
@@ -192,7 +210,7 @@ def _plan(args: argparse.Namespace) -> int:
     card, _ = resolve_budget(args.gpu)
     target = [card] * args.gpus if args.gpus > 1 else card
     plan = fits(
-        args.model,
+        _model_of(args),
         target,
         mode=args.mode,
         dtype=args.dtype,
@@ -219,6 +237,10 @@ def _plan(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank,
         lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
     )
+    if plan.settings.model != args.model:  # a config read with --trust-remote-code
+        plan = dataclasses.replace(
+            plan, settings=dataclasses.replace(plan.settings, model=args.model)
+        )
     if args.plot:
         from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415
 
@@ -241,6 +263,19 @@ def _plan(args: argparse.Namespace) -> int:
         print()
         print(placed)
     return 0
+
+
+def _model_of(args: argparse.Namespace) -> Any:
+    """The name, or with --trust-remote-code the config read with the repository's code."""
+    if not args.trust_remote_code:
+        return args.model
+    from torchfit.memory.catalog import model_config  # noqa: PLC0415
+
+    print(
+        f"torchfit: --trust-remote-code: {args.model!r} may run its repository's Python code",
+        file=sys.stderr,
+    )
+    return model_config(args.model, trust_remote_code=True)
 
 
 def _device_map(args: argparse.Namespace, plan: Any) -> Any:
@@ -266,39 +301,40 @@ def _device_map(args: argparse.Namespace, plan: Any) -> Any:
 
 
 def _traced(args: argparse.Namespace, plan: Any) -> Any:
-    """Trace the planned step of a catalog/config model built on the meta device."""
+    """Trace the planned step of the model built on the meta device."""
     import torch  # noqa: PLC0415
 
-    from torchfit.memory.catalog import build_model, model_config  # noqa: PLC0415
+    from torchfit.memory.catalog import build_model  # noqa: PLC0415
+    from torchfit.memory.catalog.build import experts_on_fake_tensors  # noqa: PLC0415
+    from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
     from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
     settings = plan.settings
     if settings.dtype not in {"fp32", "bf16", "fp16"}:
         raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {settings.dtype}")
-    config = model_config(args.model)
-    model = build_model(
-        config, device="meta", dtype="fp32" if settings.mode == "train" else settings.dtype
-    )
+    train = settings.mode == "train"
+    model = build_model(_model_of(args), device="meta", dtype="fp32" if train else settings.dtype)
     if settings.seq_len is not None:
-        ids = torch.zeros(settings.batch_size, settings.seq_len, dtype=torch.long, device="meta")
-        inputs: object = (
-            {"input_ids": ids, "labels": ids} if settings.mode == "train" else {"input_ids": ids}
+        batch = settings.batch_size
+        inputs: object = example_batch(
+            model, batch_size=batch, seq_len=settings.seq_len, training=train
         )
     else:
         inputs = torch.zeros(settings.batch_size, *settings.input_shape, device="meta")
-    mixed = settings.mode == "train" and settings.dtype != "fp32"
-    return trace(
-        model,
-        inputs,
-        mode=settings.mode,
-        optimizer=None if settings.optimizer == "none" else settings.optimizer,
-        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
-        if mixed
-        else None,
-        device="cuda",
-        progress=True,
-        gpu=plan.gpu,
-    )
+    mixed = train and settings.dtype != "fp32"
+    with experts_on_fake_tensors():
+        return trace(
+            model,
+            inputs,
+            mode=settings.mode,
+            optimizer=None if settings.optimizer == "none" else settings.optimizer,
+            autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
+            if mixed
+            else None,
+            device="cuda",
+            progress=True,
+            gpu=plan.gpu,
+        )
 
 
 def _gpus(args: argparse.Namespace) -> int:
@@ -316,20 +352,43 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from torchfit.memory.catalog import list_models  # noqa: PLC0415
+    from torchfit.memory.catalog import list_models, search_models  # noqa: PLC0415
 
-    entries = list_models()
+    entries = list_models() if args.search is None else search_models(args.search)
+    if args.search is not None and not entries:
+        raise ValueError(
+            f"no catalog model matches {args.search!r}; `torchfit models` lists all "
+            f"{len(list_models())}, and any Hugging Face Hub id plans too"
+        )
     if args.json:
         rows = [
-            {"name": e.name, "task": e.task.value, "params": e.params, "source": e.source}
+            {
+                "name": e.name,
+                "family": e.family,
+                "task": e.task.value,
+                "params": e.params,
+                "hub_id": _hub_id(e),
+                "aliases": list(e.aliases),
+                "source": e.source,
+            }
             for e in entries
         ]
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(entry.name) for entry in entries)
+    tasks = max(len(entry.task.value) for entry in entries)
     for entry in entries:
-        print(f"{entry.name:<{width}}  {entry.params:>17,}  {entry.task.value}")
+        line = f"{entry.name:<{width}}  {entry.params:>17,}  {entry.task.value:<{tasks}}"
+        print(f"{line}  {_hub_id(entry) or '-'}".rstrip())
     return 0
+
+
+def _hub_id(entry: Any) -> str | None:
+    """The Hub id an entry's config comes from (its source), if it has one."""
+    marker = "config.json of "
+    if marker not in entry.source:
+        return None
+    return str(entry.source.split(marker, 1)[1].split()[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -345,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"torchfit: error: {first}", file=sys.stderr)
         return _USAGE_ERROR
+    except RuntimeError as error:  # a model whose forward cannot run on the meta device
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"torchfit: error: {first}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

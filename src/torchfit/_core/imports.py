@@ -13,6 +13,9 @@ __all__ = ["is_available", "require"]
 _EXTRA: dict[str, str] = {
     "transformers": "hf",
     "accelerate": "hf",
+    "huggingface_hub": "hf",
+    "timm": "timm",
+    "torchvision": "vision",
     "bitsandbytes": "quantize",
     "matplotlib": "plot",
     "tqdm": "test",

@@ -91,23 +91,26 @@ def test_a_local_folder_resolves_alike_everywhere(tmp_path):
     assert quantized_footprint(str(tmp_path), bits=4, device="cpu").parameters == params
 
 
-def test_the_hub_is_asked_only_for_hub_ids(monkeypatch):
+def test_the_hub_is_asked_only_for_hub_ids(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     asked = []
 
-    def offline(name, **kwargs):
-        asked.append(name)
+    def offline(url, **kwargs):
+        asked.append(url)
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
-    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", offline)
+    monkeypatch.setattr("huggingface_hub.get_hf_file_metadata", offline)
     with pytest.raises(ValueError, match="not-a-model"):
         resolve_config("not-a-model", hub=True)
     with pytest.raises(ValueError, match="some-org/some-model"):
-        resolve_config("some-org/some-model")  # offline: the catalog's error
+        resolve_config("some-org/some-model", hub=False)  # the catalog's error
     with pytest.raises(OSError, match=r"Hugging Face Hub failed.*pass the path"):
         resolve_config("some-org/some-model", hub=True)
     with pytest.raises(FileNotFoundError, match=r"no config\.json at"):
         resolve_config("./no/such/folder", hub=True)
-    assert asked == ["some-org/some-model"]
+    assert len(asked) == 1
+    assert "some-org/some-model" in asked[0]
 
 
 @pytest.mark.parametrize(
@@ -120,6 +123,8 @@ def test_the_hub_is_asked_only_for_hub_ids(monkeypatch):
         ("/abs/model", True, False),
         ("a/b/c", True, False),
         ("config.json", True, False),
+        ("org/", False, False),
+        ("/model", True, False),
     ],
 )
 def test_path_and_hub_id_forms(text, path, hub):

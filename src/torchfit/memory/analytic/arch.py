@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["Family", "TransformerSpec", "describe"]
+__all__ = ["Family", "MoESpec", "TransformerSpec", "describe", "has_closed_form"]
 
 
 class Family(enum.StrEnum):
@@ -23,8 +23,39 @@ class Family(enum.StrEnum):
     BERT = "bert"  # post-LN encoder, separate Q/K/V, GELU MLP, dropout
 
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense", "gemma", "phi3", "olmo"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo"}
 _BERT_LIKE = {"bert", "roberta", "xlm-roberta", "camembert"}
+#: Mixture-of-experts decoders: Llama-style attention, `torchfit.memory.analytic.moe` blocks.
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts part of a decoder (Mixtral, Qwen2-MoE, Qwen3-MoE).
+
+    Attributes:
+        num_experts: Routed experts per MoE layer, every one resident.
+        top_k: Experts each token is routed to.
+        expert_intermediate: MLP width of one expert.
+        shared_intermediate: Width of the shared expert every token also goes through
+            (Qwen2-MoE), 0 without one.
+        sparse_layers: Layers with experts; the others keep a dense MLP of the spec's
+            ``dense_intermediate`` (Qwen's ``mlp_only_layers``, ``decoder_sparse_step``).
+        dense_intermediate: MLP width of the dense layers.
+        expert_params: Parameters of one MoE layer's routed experts (3D tensors, not
+            ``nn.Linear``: autocast and bitsandbytes leave them as they are).
+        normalized: The top-k routing weights are renormalized to sum to one (Mixtral
+            always; Qwen with ``norm_topk_prob``).
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    shared_intermediate: int
+    sparse_layers: int
+    dense_intermediate: int
+    expert_params: int
+    normalized: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +114,21 @@ class TransformerSpec:
         """Width of the keys (or values) of one token: ``num_kv_heads * head_dim``."""
         return self.num_kv_heads * self.head_dim
 
+    # --- mixture of experts (`torchfit.memory.analytic.moe`); ``None`` for dense models
+    moe: MoESpec | None = None
+
+
+def has_closed_form(config: Any) -> bool:
+    """Whether `describe` reads this config (else `estimate` takes a meta-device pass).
+
+    Example:
+        >>> from transformers import LlamaConfig, T5Config
+        >>> has_closed_form(LlamaConfig()), has_closed_form(T5Config())
+        (True, False)
+    """
+    model_type = str(getattr(config, "model_type", ""))
+    return model_type == "gpt2" or model_type in _LLAMA_LIKE | _BERT_LIKE | _MOE
+
 
 def _get(config: Any, *names: str, default: Any = None) -> Any:
     for name in names:
@@ -112,10 +158,12 @@ def describe(config: Any) -> TransformerSpec:
         return _describe_llama(config, model_type)
     if model_type in _BERT_LIKE:
         return _describe_bert(config, model_type)
+    if model_type in _MOE:  # Llama-style attention, experts in place of the MLP
+        return _describe_moe(config, model_type)
     raise ValueError(
         f"no closed-form description for model_type {model_type!r}; supported: gpt2, "
-        f"{', '.join(sorted(_LLAMA_LIKE | _BERT_LIKE))}. For any other model use "
-        "torchfit.memory.trace(model, inputs) or activation_bytes(model, inputs)"
+        f"{', '.join(sorted(_LLAMA_LIKE | _BERT_LIKE | _MOE))}. estimate() plans any other "
+        "model from a meta-device pass; torchfit.memory.trace(model, inputs) traces its step"
     )
 
 
@@ -159,19 +207,27 @@ def _describe_llama(config: Any, model_type: str) -> TransformerSpec:
     head_dim = _get(config, "head_dim", default=h // heads)
     inner = config.intermediate_size
     qkv_bias = bool(_get(config, "attention_bias", default=model_type == "qwen2"))
-    if model_type == "qwen2":
+    if model_type in {"qwen2", "qwen2_moe"}:
         qkv_bias = True  # Qwen2 always has Q/K/V biases (modeling_qwen2.py)
-    o_bias = bool(_get(config, "attention_bias", default=False)) and model_type != "qwen2"
+    o_bias = bool(_get(config, "attention_bias", default=False)) and model_type not in {
+        "qwen2",
+        "qwen2_moe",
+    }
     mlp_bias = bool(_get(config, "mlp_bias", default=False))
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     attn = h * q_out + 2 * h * kv_out + q_out * h
     attn_bias = (q_out + 2 * kv_out if qkv_bias else 0) + (h if o_bias else 0)
     mlp = 3 * h * inner + (2 * inner + h if mlp_bias else 0)
-    per_layer = attn + attn_bias + mlp + 2 * h
+    # OLMo's LayerNorms have no weights; Qwen3 normalizes each query and key head (RMSNorm)
+    norm = 0 if model_type == "olmo" else h
+    qk_norm = 2 * head_dim if model_type in {"qwen3", "qwen3_moe"} else 0
+    per_layer = attn + attn_bias + mlp + 2 * norm + qk_norm
     tied = bool(_get(config, "tie_word_embeddings", default=False))
     head = 0 if tied else vocab * h
-    tensors_per_layer = 4 + 3 + 2 + (3 if qkv_bias else 0) + (1 if o_bias else 0)
-    tensors_per_layer += 3 if mlp_bias else 0
+    tensors_per_layer = 4 + 3 + (2 if norm else 0) + (3 if qkv_bias else 0) + (1 if o_bias else 0)
+    tensors_per_layer += (3 if mlp_bias else 0) + (2 if qk_norm else 0)
+    if model_type == "phi3":
+        tensors_per_layer -= 3  # fused qkv_proj (one tensor for three) and gate_up_proj
     window = _get(config, "sliding_window")
     use_window = bool(_get(config, "use_sliding_window", default=window is not None))
     return TransformerSpec(
@@ -190,11 +246,11 @@ def _describe_llama(config: Any, model_type: str) -> TransformerSpec:
         tied_embeddings=tied,
         sliding_window=int(window) if window and use_window else None,
         qkv_bias=qkv_bias,
-        num_params=vocab * h + layers * per_layer + h + head,
+        num_params=vocab * h + layers * per_layer + norm + head,
         linear_params=layers * (attn + 3 * h * inner),
         embedding_params=vocab * h,
         head_params=head,
-        num_tensors=1 + layers * tensors_per_layer + 1 + (0 if tied else 1),
+        num_tensors=1 + layers * tensors_per_layer + (1 if norm else 0) + (0 if tied else 1),
         model_type=model_type,
     )
 
@@ -230,4 +286,52 @@ def _describe_bert(config: Any, model_type: str) -> TransformerSpec:
         head_params=head,
         num_tensors=5 + 16 * layers + 5,
         model_type=model_type,
+    )
+
+
+def _sparse_layers(config: Any) -> list[bool]:
+    """Which layers route to experts (Qwen: ``mlp_only_layers``, ``decoder_sparse_step``)."""
+    dense = set(_get(config, "mlp_only_layers", default=[]) or [])
+    step = int(_get(config, "decoder_sparse_step", default=1) or 1)
+    return [
+        layer not in dense and (layer + 1) % step == 0 for layer in range(config.num_hidden_layers)
+    ]
+
+
+def _describe_moe(config: Any, model_type: str) -> TransformerSpec:
+    """Mixtral, Qwen2-MoE, Qwen3-MoE: a Llama spec with experts in the sparse layers.
+
+    Per sparse layer: the router (``num_experts x h``, an ``nn.Linear``), the experts'
+    ``gate_up_proj`` and ``down_proj`` (3D parameters, ``3 h i`` per expert) and, for
+    Qwen2-MoE, a shared SwiGLU expert and its one-unit sigmoid gate.
+    """
+    h = config.hidden_size
+    experts = int(_get(config, "num_local_experts", "num_experts"))
+    expert_i = int(_get(config, "moe_intermediate_size", default=config.intermediate_size))
+    shared_i = int(_get(config, "shared_expert_intermediate_size", default=0))
+    sparse = _sparse_layers(config)
+    n_sparse = sum(sparse)
+    dense = _describe_llama(config, model_type)  # every layer with a dense MLP
+    dense_mlp = 3 * h * dense.intermediate
+    expert_params = experts * 3 * h * expert_i
+    router = experts * h
+    shared = (3 * h * shared_i + h) if shared_i else 0
+    moe_layer = expert_params + router + shared
+    tensors = 1 + 2 + (4 if shared_i else 0) - 3  # router, two expert tensors, shared - MLP
+    return dataclasses.replace(
+        dense,
+        intermediate=expert_i,
+        num_params=dense.num_params + n_sparse * (moe_layer - dense_mlp),
+        linear_params=dense.linear_params + n_sparse * (router + shared - dense_mlp),
+        num_tensors=dense.num_tensors + n_sparse * tensors,
+        moe=MoESpec(
+            num_experts=experts,
+            top_k=int(config.num_experts_per_tok),
+            expert_intermediate=expert_i,
+            shared_intermediate=shared_i,
+            sparse_layers=n_sparse,
+            dense_intermediate=dense.intermediate,
+            expert_params=expert_params,
+            normalized=model_type == "mixtral" or bool(_get(config, "norm_topk_prob")),
+        ),
     )

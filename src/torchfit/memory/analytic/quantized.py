@@ -11,12 +11,15 @@ from __future__ import annotations
 from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
+from torchfit.memory.analytic.moe import moe_linear_shapes
 
 __all__ = ["block_linear_shapes", "quantized_weight_bytes"]
 
 
 def block_linear_shapes(spec: TransformerSpec) -> list[tuple[int, int]]:
     """``(out_features, in_features)`` of every quantizable Linear, all blocks included."""
+    if spec.moe is not None:  # MoE hook: the experts are 3D parameters, not nn.Linear
+        return moe_linear_shapes(spec)
     h, i = spec.hidden, spec.intermediate
     q_out = spec.num_heads * spec.head_dim
     if spec.family is Family.GPT2:

@@ -22,6 +22,7 @@ from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import (
     BlockSettings,
+    Term,
     block_terms,
     head_terms,
     inference_transient,
@@ -36,6 +37,12 @@ from torchfit.memory.analytic.formulas import (
     parse_attention,
 )
 from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
+from torchfit.memory.analytic.moe import (
+    largest_expert_tensor,
+    moe_backward_width,
+    moe_block_terms,
+    moe_inference_transient,
+)
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
 __all__ = ["adapters_only", "elem_of", "estimate_transformer", "parameter_shapes"]
@@ -61,7 +68,30 @@ def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure help
 
 def _largest_tensor(spec: TransformerSpec) -> int:
     """Elements of the largest parameter tensor (the embedding or the MLP weight)."""
-    return max(spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2)
+    experts = largest_expert_tensor(spec) if spec.moe else 0  # MoE hook
+    return max(
+        spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2, experts
+    )
+
+
+# --- MoE hook: mixture-of-experts blocks swap their MLP terms (analytic/moe.py) ---------
+def _block_terms(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> list[Term]:
+    if spec.moe is not None:
+        return moe_block_terms(spec, seq_len, settings)
+    return block_terms(spec, seq_len, settings)
+
+
+def _mlp_backward_width(spec: TransformerSpec) -> float:
+    return moe_backward_width(spec) if spec.moe is not None else mlp_backward_width(spec)
+
+
+def _inference_transient(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> float:
+    if spec.moe is not None:
+        return moe_inference_transient(spec, seq_len, settings)
+    return inference_transient(spec, seq_len, settings)
+
+
+# --- end of the MoE hook ----------------------------------------------------------------
 
 
 def parameter_shapes(spec: TransformerSpec) -> list[tuple[int, ...]]:
@@ -231,7 +261,7 @@ def _training_peak(
     """The larger of the start of backward and the optimizer step (module docstring)."""
     compute, device, opt = settings.dtype, settings.device, optimizer
     tokens = batch_size * seq_len
-    block = block_terms(spec, seq_len, settings)
+    block = _block_terms(spec, seq_len, settings)
     per_block = math.ceil(tokens * sum(t.per_token for t in block))
     head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
     if gradient_checkpointing:
@@ -254,7 +284,7 @@ def _training_peak(
     # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
     # and the activation's chain of intermediates gets a gradient each (measured with the
     # tracer: gelu_new's backward holds about four i-wide tensors at once).
-    mlp_grads = math.ceil(tokens * mlp_backward_width(spec) * compute.itemsize)
+    mlp_grads = math.ceil(tokens * _mlp_backward_width(spec) * compute.itemsize)
     # a frozen head (LoRA on the blocks) gets no weight gradient
     head = 0 if settings.frozen_base else spec.vocab * spec.hidden
     head_grad = math.ceil(head * elem_of(mixed, compute))
@@ -385,7 +415,7 @@ def _inference(
     )
     if cache:
         notes.append("inference returns the KV cache of every layer")
-    transient = math.ceil(tokens * inference_transient(spec, seq_len, settings))
+    transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
     logits = math.ceil(tokens * spec.vocab * e)
     # Alive through the whole forward: the additive 4D mask eager attention builds
     # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.

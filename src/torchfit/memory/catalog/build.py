@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -23,12 +24,21 @@ from torchfit.memory.catalog.entries import (
     _transformers_major,
 )
 
-__all__ = ["AUTO_CLASS", "instantiate", "model_class_for", "model_dtype", "recorded_dtype"]
+__all__ = [
+    "AUTO_CLASS",
+    "experts_on_fake_tensors",
+    "instantiate",
+    "model_class_for",
+    "model_dtype",
+    "recorded_dtype",
+]
 
 #: The Auto class each task builds.
 AUTO_CLASS: dict[ModelTask, str] = {
     ModelTask.CAUSAL_LM: "AutoModelForCausalLM",
     ModelTask.ENCODER: "AutoModel",
+    ModelTask.SEQ2SEQ: "AutoModelForSeq2SeqLM",
+    ModelTask.SPEECH: "AutoModelForSpeechSeq2Seq",
     ModelTask.VISION: "AutoModelForImageClassification",
     ModelTask.CNN: "AutoModelForImageClassification",
 }
@@ -42,7 +52,9 @@ def model_class_for(
     In order: ``model_class`` when given; the Auto class of ``task``; the class the
     config's ``architectures`` names (the class a checkpoint was saved from); else the
     Auto class its ``model_type`` implies: image classification for vision models, a
-    causal LM for decoders, the base model (``AutoModel``) for encoders such as BERT.
+    causal LM for decoders, a sequence-to-sequence LM for encoder-decoders (T5, BART,
+    and Whisper's speech-to-text), the base model (``AutoModel``) for encoders such as
+    BERT.
 
     Raises:
         ValueError: an unknown ``task``.
@@ -77,6 +89,10 @@ def _infer_task(config: Any) -> ModelTask:
     model_type = config.model_type
     if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
         return ModelTask.VISION
+    if model_type in modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        return ModelTask.SPEECH
+    if model_type in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return ModelTask.SEQ2SEQ
     # Encoders such as BERT also have a causal-LM class; a masked-LM class marks them.
     if (
         model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -164,3 +180,42 @@ def _no_init_weights() -> contextlib.AbstractContextManager[object]:
         if context is not None:
             return cast("contextlib.AbstractContextManager[object]", context())
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def experts_on_fake_tensors() -> Iterator[None]:
+    """Run transformers' mixture-of-experts layers with an op that meta and fake tensors take.
+
+    transformers 5 runs experts with ``torch.nn.functional.grouped_mm``, whose meta and
+    fake kernels demand bf16 on CPU (fp32 raises "Expected inputs of BF16 type"), while
+    the real CPU kernel takes fp32. Inside this context its own fallback op
+    (``transformers::grouped_mm_fallback``, one matmul per expert into one output, with
+    a fake kernel for every dtype) runs instead: it allocates the same tensors (measured:
+    the same CPU peak, byte for byte, on a 2-layer Mixtral) and meta/fake tensors take
+    it. Does nothing on transformers without the dispatcher.
+    """
+    try:
+        moe = importlib.import_module("transformers.integrations.moe")
+    except ImportError:
+        yield
+        return
+    original = getattr(moe, "_can_use_grouped_mm", None)
+    if original is None:
+        yield
+        return
+
+    def fake_friendly(input: Any, weight: Any, offs: Any) -> bool:  # noqa: A002 - its signature
+        fake = any(t.device.type == "meta" or _is_fake(t) for t in (input, weight))
+        return False if fake else bool(original(input, weight, offs))
+
+    setattr(moe, "_can_use_grouped_mm", fake_friendly)  # noqa: B010 - a private hook
+    try:
+        yield
+    finally:
+        setattr(moe, "_can_use_grouped_mm", original)  # noqa: B010
+
+
+def _is_fake(tensor: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
+
+    return isinstance(tensor, FakeTensor)

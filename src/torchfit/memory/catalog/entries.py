@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from transformers import PretrainedConfig
 
-__all__ = ["ModelEntry", "ModelTask", "list_models", "model_entry"]
+__all__ = ["ModelEntry", "ModelTask", "close_names", "list_models", "model_entry", "search_models"]
 
 _FEATURE = "torchfit's model catalog (model_config, build_model)"
 _DATA_FILE = "models.json"
@@ -34,13 +34,21 @@ class ModelTask(enum.StrEnum):
 
     CAUSAL_LM = "causal-lm"  # AutoModelForCausalLM: with the LM head
     ENCODER = "encoder"  # AutoModel: the base model, no task head
+    SEQ2SEQ = "seq2seq"  # AutoModelForSeq2SeqLM: encoder, decoder and LM head (T5, BART)
+    SPEECH = "speech-seq2seq"  # AutoModelForSpeechSeq2Seq: audio encoder, text decoder
     VISION = "vision"  # AutoModelForImageClassification (transformer backbone)
     CNN = "cnn"  # AutoModelForImageClassification (convolutional backbone)
 
 
 def _parse_task(value: str | ModelTask) -> ModelTask:
     key = str(value).strip().lower().replace("_", "-").replace(" ", "-")
-    key = {"causallm": "causal-lm", "lm": "causal-lm", "decoder": "causal-lm"}.get(key, key)
+    aliases = {
+        "causallm": "causal-lm",
+        "lm": "causal-lm",
+        "decoder": "causal-lm",
+        "speech": "speech-seq2seq",
+    }
+    key = aliases.get(key, key)
     try:
         return ModelTask(key)
     except ValueError:
@@ -64,6 +72,9 @@ class ModelEntry:
         dtype: dtype of the published weights (``"bfloat16"``), ``None`` when none is published.
         notes: Which head is counted and why `params` may differ from a published figure.
         config_json: The config as JSON text (use `config` or `config_dict`).
+        builder: For a plain torch model (LeNet, AlexNet), the `CLASSICS` builder that
+            makes it; ``None`` for transformers models.
+        input_shape: One sample as the model expects it (vision models), or ``None``.
 
     Example:
         >>> entry = model_entry("mistral-7b")
@@ -84,6 +95,8 @@ class ModelEntry:
     dtype: str | None = None
     notes: str = ""
     config_json: str = dataclasses.field(default="{}", repr=False)
+    builder: str | None = None
+    input_shape: tuple[int, ...] | None = None
 
     def config_dict(self) -> dict[str, Any]:
         """The config as a fresh dict, as it would appear in ``config.json``."""
@@ -91,7 +104,17 @@ class ModelEntry:
         return data
 
     def config(self) -> PretrainedConfig:
-        """A new transformers config for this entry (needs ``torchfit[hf]``)."""
+        """A new transformers config for this entry (needs ``torchfit[hf]``).
+
+        Raises:
+            ValueError: a plain torch model (``builder`` set) has no transformers config.
+        """
+        if self.builder is not None:
+            raise ValueError(
+                f"{self.name} is a plain torch model without a transformers config: "
+                f"build_model({self.name!r}) builds it and estimate({self.name!r}, ...) "
+                "plans it"
+            )
         return _config_from_dict(self.config_dict())
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +123,7 @@ class ModelEntry:
         data["task"] = self.task.value
         data["aliases"] = list(self.aliases)
         data["config"] = self.config_dict()
+        data["input_shape"] = None if self.input_shape is None else list(self.input_shape)
         del data["config_json"]
         return data
 
@@ -135,9 +159,12 @@ def _normalize(text: str) -> str:
 
 
 def _entry_from_record(record: dict[str, Any]) -> ModelEntry:
-    config = record["config"]
+    config = record.get("config", {})
     architecture = record["architecture"]
-    if config.get("architectures") != [architecture]:
+    shape = record.get("input_shape")
+    if "builder" in record:
+        config = {"model_type": "torch"}
+    elif config.get("architectures") != [architecture]:
         raise ValueError(f"{_DATA_FILE}: {record['name']}: config.architectures != {architecture}")
     return ModelEntry(
         name=record["name"],
@@ -151,6 +178,8 @@ def _entry_from_record(record: dict[str, Any]) -> ModelEntry:
         dtype=config.get("dtype"),
         notes=record.get("notes", ""),
         config_json=json.dumps(config, sort_keys=True),
+        builder=record.get("builder"),
+        input_shape=None if shape is None else tuple(int(s) for s in shape),
     )
 
 
@@ -180,8 +209,8 @@ def list_models(*, task: str | ModelTask | None = None) -> list[ModelEntry]:
 
     Example:
         >>> [e.name for e in list_models(task="cnn")][:3]
-        ['convnext-tiny', 'efficientnet-b0', 'efficientnet-b7']
-        >>> print(list_models()[0])  # doctest: +ELLIPSIS
+        ['alexnet', 'convnext-tiny', 'convnext-base']
+        >>> print(list_models(task="encoder")[0])  # doctest: +ELLIPSIS
         ModelEntry bert-base
           family         bert (transformers model_type 'bert')
           task           encoder
@@ -227,20 +256,66 @@ def model_entry(name: str | ModelEntry) -> ModelEntry:
         raise TypeError(f"a model name must be a string such as 'gpt2'; got {type(name).__name__}")
     entries, index = _catalog()
     key = _normalize(name)
+    if not key:
+        raise ValueError(
+            f"an empty model name ({name!r}); pass a catalog name such as 'llama-3.1-8b', a "
+            "Hugging Face Hub id such as 'meta-llama/Llama-3.1-8B', or a config.json path"
+        )
     if key in index:
         return index[key]
     starting = _distinct(index[k] for k in index if key and k.startswith(key))
     if len(starting) > 1:
         names = ", ".join(e.name for e in _in_catalog_order(starting))
         raise ValueError(f"{name!r} is ambiguous: it matches {names}; pass one of these names")
-    close = _distinct(index[k] for k in difflib.get_close_matches(key, index, n=10, cutoff=0.6))
-    suggestions = _distinct([*starting, *close])[:5]
+    suggestions = _suggestions(key, starting)
     hint = f"; close matches: {', '.join(e.name for e in suggestions)}" if suggestions else ""
     raise ValueError(
         f"unknown model {name!r}{hint}. Pass a catalog name (list_models() shows all "
         f"{len(entries)}), the path of a local config.json or of a folder holding one, or a "
         "transformers config object"
     )
+
+
+def _suggestions(key: str, starting: list[ModelEntry]) -> list[ModelEntry]:
+    index = _catalog()[1]
+    close = _distinct(index[k] for k in difflib.get_close_matches(key, index, n=10, cutoff=0.6))
+    return _distinct([*starting, *close])[:5]
+
+
+def close_names(name: str, *, limit: int = 5) -> list[str]:
+    """Catalog names close to ``name`` (a Hub id's model part counts): for error messages.
+
+    Example:
+        >>> close_names("meta-llama/Llama-3.1-8B-Instruct-XL")[:1]
+        ['llama-3.1-8b']
+    """
+    index = _catalog()[1]
+    found: list[ModelEntry] = []
+    for part in (name, name.rpartition("/")[2]):
+        key = _normalize(part)
+        if key:
+            starting = _distinct(index[k] for k in index if k.startswith(key))
+            found += [*(e for e in _suggestions(key, starting) if e not in found)]
+    return [e.name for e in found[:limit]]
+
+
+def search_models(text: str) -> list[ModelEntry]:
+    """Entries whose name, family, model type, class or aliases contain ``text``.
+
+    Case, ``-``, ``_``, spaces and dots are ignored; an empty text gives every entry.
+
+    Example:
+        >>> [e.name for e in search_models("tinyllama")]
+        ['tinyllama-1.1b']
+    """
+    key = _normalize(text)
+    entries = _catalog()[0]
+
+    def haystack(entry: ModelEntry) -> str:
+        fields = (entry.name, entry.family, entry.model_type, entry.architecture, *entry.aliases)
+        return " ".join(_normalize(field) for field in fields)
+
+    return [entry for entry in entries if key in haystack(entry)]
 
 
 def _distinct(entries: Iterable[ModelEntry]) -> list[ModelEntry]:

@@ -1,27 +1,31 @@
-"""Known models, offline: a name gives a transformers config, a meta-device model, a count.
+"""The one model resolver: whatever a user names, to a config (or a module) to plan.
 
-The catalog lives in ``models.json`` beside this file. Each entry reproduces the
-architecture fields of a published ``config.json`` (the hub repo id is its ``source``;
-GPT-3 175B comes from its paper) and records the exact parameter count of the
-transformers class `build_model` builds for it. Nothing here touches the network: a
-model that is not in the catalog is described by a local ``config.json`` or by a
-transformers config object; only ``resolve_config(..., hub=True)`` (torchfit.quantize,
-`plan_device_map`) reads a Hub id the catalog lacks (`torchfit.memory.catalog.hub`).
+`resolve_model` tries, in this order:
 
-Which head is counted (it changes the count):
+1. a transformers config object, or an ``nn.Module`` (a transformers model brings its
+   config; any other module is planned from a meta-device pass);
+2. a local folder holding ``config.json``, or the file itself;
+3. ``"torchvision/<name>"`` and ``"timm/<name>"``: the library's model, built on meta;
+4. the embedded catalog (``models.json``): its names and the Hub ids of its entries,
+   so the common models work offline with nothing downloaded;
+5. a Hub id (``"org/name"``) in the local Hugging Face cache;
+6. the Hub itself: ``config.json`` only, never weights (`torchfit.memory.catalog.hub`;
+   ``HF_HUB_OFFLINE``, ``HF_HOME``/``HF_HUB_CACHE`` and ``HF_TOKEN`` apply).
 
-- ``causal-lm`` entries build ``AutoModelForCausalLM`` (the LM head included; tied to
-  the input embedding for GPT-2/GPT-3 and counted once, untied for Llama, Mistral, Qwen
-  and Phi).
-- ``encoder`` entries (BERT) build ``AutoModel``: the encoder and its pooler, without
-  pre-training heads.
-- ``vision`` and ``cnn`` entries build ``AutoModelForImageClassification`` with the
-  checkpoint's classification head (1000 ImageNet classes; 1001 for MobileNetV2).
+A ``model_type`` transformers does not know is read with the repository's own code
+only with ``trust_remote_code=True``. `estimate`, `fits`, `plan_device_map`,
+`torchfit.quantize` and the ``torchfit`` command all resolve through here.
+
+Which head the catalog counts (it changes the count): ``causal-lm`` entries build
+``AutoModelForCausalLM`` (the LM head, tied or not, counted once); ``seq2seq`` and
+``speech-seq2seq`` entries the model with its LM head (T5, BART, Whisper); ``encoder``
+entries (BERT, RoBERTa, DeBERTa) ``AutoModel``, the encoder without pre-training heads;
+``vision`` and ``cnn`` entries the image classifier of the checkpoint.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,37 +35,158 @@ from torch import nn
 
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.catalog.build import instantiate, model_class_for, model_dtype
-from torchfit.memory.catalog.entries import ModelTask, _transformers, model_entry
-from torchfit.memory.catalog.hub import is_hub_id, load_config, looks_like_path
+from torchfit.memory.catalog.classic import CLASSICS
+from torchfit.memory.catalog.entries import ModelEntry, ModelTask, _transformers, close_names
+from torchfit.memory.catalog.entries import model_entry as _model_entry
+from torchfit.memory.catalog.hub import HubError, HubOptions, hub_config, hub_error, is_hub_id
+from torchfit.memory.catalog.hub import looks_like_path as _looks_like_path
+from torchfit.memory.catalog.local import read_config
+from torchfit.memory.catalog.zoo import is_zoo_name, zoo_model
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["build_model", "is_vision", "model_config", "resolve_config", "vision_input_shape"]
+__all__ = [
+    "Resolved",
+    "build_model",
+    "is_vision",
+    "model_config",
+    "resolve_config",
+    "resolve_model",
+    "vision_input_shape",
+]
 
 #: dtypes a module can be built in; quantized formats need torchfit.quantize.
 _BUILD_DTYPES = frozenset({DType.FP64, DType.FP32, DType.TF32, DType.FP16, DType.BF16})
 
 
-def model_config(model: str | os.PathLike[str] | PretrainedConfig) -> PretrainedConfig:
-    """A transformers config from a catalog name, a local config.json, or a config.
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What a model name, path, config or module resolved to.
 
-    Offline: catalog configs come from the data file, local files are read with
-    ``local_files_only=True``, and remote code is never run.
+    Attributes:
+        config: The transformers config, or ``None`` for a plain ``nn.Module`` (LeNet,
+            AlexNet, torchvision and timm models, a module of the user's).
+        module: The module itself when one was given or built (on the meta device for
+            names), else ``None``: a config is built when needed.
+        source: Where it came from: ``"config"``, ``"module"``, ``"folder"``,
+            ``"catalog"``, ``"cache"`` (the Hugging Face cache), ``"hub"``,
+            ``"torchvision"`` or ``"timm"``.
+        input_shape: One sample as the model expects it (an image), when known.
+    """
+
+    config: Any
+    module: nn.Module | None
+    source: str
+    input_shape: tuple[int, ...] | None = None
+
+
+def resolve_model(
+    model: Any,
+    *,
+    trust_remote_code: bool = False,
+    hub: bool = True,
+    options: HubOptions | None = None,
+) -> Resolved:
+    """Resolve anything a user may name as a model (module docstring: the order).
 
     Args:
-        model: A catalog name or alias (see `model_entry`), the path of a
-            ``config.json`` or of a folder holding one (as ``save_pretrained`` writes
-            it), or a transformers ``PretrainedConfig`` (returned as is).
+        model: A transformers config or model, any ``nn.Module``, a folder or
+            config.json path, ``"torchvision/<name>"``, ``"timm/<name>"``, a catalog name
+            or alias, or a Hugging Face Hub id (``"meta-llama/Llama-3.1-8B"``).
+        trust_remote_code: Read a ``model_type`` transformers does not know with the
+            repository's own code (it runs that code on this machine).
+        hub: Look Hub ids up in the Hugging Face cache and on the Hub; ``False`` keeps
+            to the catalog and local paths.
+        options: Revision, token, cache folder, ``local_files_only`` for Hub ids.
 
-    Returns:
-        A new config object for names and paths (changing it changes nothing here).
+    Raises:
+        TypeError: ``model`` is none of the above.
+        ValueError: an empty, unknown or ambiguous name (close catalog names listed); an
+            unknown ``model_type`` without ``trust_remote_code``; a bad config.json.
+        FileNotFoundError: a path with no config.json.
+        torchfit.memory.catalog.hub.HubError: a Hub id that could not be read (offline,
+            gated, private, unknown); it is a ``ValueError`` too.
+        ImportError: transformers, or the torchvision/timm a name needs, is missing.
+
+    Example:
+        >>> resolve_model("meta-llama/Llama-2-7b-hf").source
+        'catalog'
+        >>> resolve_model("alexnet").input_shape
+        (3, 227, 227)
+    """
+    options = dataclasses.replace(
+        options or HubOptions(),
+        trust_remote_code=trust_remote_code or (options is not None and options.trust_remote_code),
+    )
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        return Resolved(model, None, "config")
+    if isinstance(model, nn.Module):
+        config = getattr(model, "config", None)
+        return Resolved(config if hasattr(config, "model_type") else None, model, "module")
+    if isinstance(model, os.PathLike):
+        config = read_config(Path(model), trust_remote_code=options.trust_remote_code)
+        return Resolved(config, None, "folder")
+    if not isinstance(model, str):
+        raise TypeError(
+            "a model is a name ('llama-3.1-8b', 'meta-llama/Llama-3.1-8B'), a config.json "
+            "path, a transformers config or an nn.Module; got "
+            f"{type(model).__name__} {model!r:.60}"
+        )
+    return _resolve_name(model, options, hub=hub)
+
+
+def _resolve_name(model: str, options: HubOptions, *, hub: bool) -> Resolved:
+    """Steps 2 to 6 for a string: folder, library name, catalog, cache, Hub."""
+    name = model.strip()
+    if not name:
+        _model_entry(model)  # the error for an empty name
+    path = Path(name).expanduser()
+    if path.is_file() or (path / "config.json").is_file():
+        return Resolved(
+            read_config(path, trust_remote_code=options.trust_remote_code), None, "folder"
+        )
+    if is_zoo_name(name):
+        module, shape = zoo_model(name)
+        return Resolved(None, module, name.partition("/")[0].lower(), shape)
+    try:
+        return _from_entry(_model_entry(name))
+    except ValueError:
+        if _looks_like_path(name):
+            read_config(path)  # raises FileNotFoundError naming the path
+        if not (hub and is_hub_id(name)):
+            raise
+    try:  # the Hub's error names the close catalog entries instead of the catalog's
+        config, source = hub_config(name, options)
+    except HubError as error:
+        cause = error.__cause__ or error
+        raise hub_error(name, cause, close=", ".join(close_names(name))) from cause
+    return Resolved(config, None, source)
+
+
+def _from_entry(entry: ModelEntry) -> Resolved:
+    if entry.builder is None:
+        return Resolved(entry.config(), None, "catalog", entry.input_shape)
+    with torch.device("meta"):
+        module = CLASSICS[entry.builder]()
+    return Resolved(None, module, "catalog", entry.input_shape)
+
+
+def model_config(
+    model: str | os.PathLike[str] | PretrainedConfig, *, trust_remote_code: bool = False
+) -> PretrainedConfig:
+    """A transformers config from a name, a Hub id, a local config.json, or a config.
+
+    `resolve_model`, keeping the config: catalog configs come from the data file, local
+    files are read with ``local_files_only=True``, Hub ids from the Hugging Face cache
+    or the Hub (config.json only).
 
     Raises:
         ImportError: transformers is not installed (``pip install 'torchfit[hf]'``).
         FileNotFoundError: a path was given and holds no config.json.
-        ValueError: an unknown or ambiguous name (close matches are listed), or a
-            config.json that transformers cannot read.
+        ValueError: an unknown or ambiguous name (close matches are listed), a Hub id
+            that could not be read, a config.json that transformers cannot read, or a
+            model without a transformers config (LeNet, torchvision and timm names).
         TypeError: ``model`` is none of the above.
 
     Example:
@@ -71,84 +196,67 @@ def model_config(model: str | os.PathLike[str] | PretrainedConfig) -> Pretrained
         >>> model_config("llama-3-70b").num_key_value_heads
         8
     """
-    transformers = _transformers()
-    if isinstance(model, transformers.PretrainedConfig):
-        return cast("PretrainedConfig", model)
-    if isinstance(model, os.PathLike):
-        return _load_local(Path(model))
-    if not isinstance(model, str):
+    _transformers()
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    if resolved.config is None:
+        raise ValueError(
+            f"{model!r} is a plain torch model without a transformers config; "
+            f"build_model({model!r}) builds it and estimate({model!r}, ...) plans it"
+        )
+    return cast("PretrainedConfig", resolved.config)
+
+
+def resolve_config(model: Any, *, hub: bool = True, trust_remote_code: bool = False) -> Any:
+    """A transformers config from a config, a transformers model, a name, a folder or a Hub id.
+
+    `resolve_model`, for callers that need transformers (the device-map planner,
+    torchfit.quantize); ``hub=False`` keeps to the catalog and local paths.
+
+    Raises:
+        TypeError: a plain ``nn.Module`` or a model without a transformers config.
+        ValueError, FileNotFoundError: as `resolve_model` (a `HubError` is both a
+            ``ValueError`` and an ``OSError``).
+
+    Example:
+        >>> resolve_config("gpt2").n_layer
+        12
+    """
+    resolved = resolve_model(model, hub=hub, trust_remote_code=trust_remote_code)
+    if resolved.config is None:
+        what = type(model).__name__ if isinstance(model, nn.Module) else repr(model)
         raise TypeError(
-            "expected a catalog name, a config.json path or a transformers config; "
-            f"got {type(model).__name__}"
+            f"expected a catalog name, a config.json path or a transformers config; got "
+            f"{what}, which has no transformers config (plan it with estimate(model, "
+            "input_shape=...))"
         )
-    path = Path(model).expanduser()
-    if path.is_file() or (path / "config.json").is_file():
-        return _load_local(path)
-    try:
-        entry = model_entry(model)
-    except ValueError:
-        if looks_like_path(model):
-            return _load_local(path)  # raises FileNotFoundError naming the path
-        raise
-    return entry.config()
-
-
-def _load_local(path: Path) -> PretrainedConfig:
-    transformers = _transformers()
-    file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no config.json at {str(path)!r}; pass a config.json file or a folder holding one "
-            "(config.save_pretrained(folder) writes it), or a catalog name such as 'gpt2'"
-        )
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{str(file)!r} is not a JSON config file: {error}") from error
-    model_type = data.get("model_type") if isinstance(data, dict) else None
-    if not model_type:
-        raise ValueError(
-            f"{str(file)!r} has no 'model_type'; transformers needs it to pick the config "
-            'class: add e.g. "model_type": "llama"'
-        )
-    if model_type not in transformers.CONFIG_MAPPING:
-        raise ValueError(
-            f"{str(file)!r}: model_type {model_type!r} is unknown to transformers "
-            f"{transformers.__version__}; upgrade transformers (torchfit never runs a "
-            "model's remote code)"
-        )
-    target = file.parent if file.name == "config.json" else file
-    try:
-        config = transformers.AutoConfig.from_pretrained(str(target), local_files_only=True)
-    except (OSError, ValueError, TypeError) as error:
-        raise ValueError(f"transformers could not read {str(file)!r}: {error}") from error
-    return cast("PretrainedConfig", config)
+    return resolved.config
 
 
 def build_model(
-    model: str | os.PathLike[str] | PretrainedConfig,
+    model: Any,
     *,
     device: str | torch.device = "meta",
     dtype: str | torch.dtype | DType | None = None,
     task: str | ModelTask | None = None,
 ) -> nn.Module:
-    """Build the transformers model for a name, config.json or config, by default on meta.
+    """Build the model for a name, Hub id, config.json or config, by default on meta.
 
     On the meta device the parameters have shapes and dtypes but no storage, so even
     a 70B model builds in well under a second with no memory. The class is the one the
     config's ``architectures`` names (catalog entries record the class their count
     refers to, see the module docstring); otherwise it follows from ``task`` or from
-    the ``model_type`` (image classification, causal LM, else the base model).
+    the ``model_type`` (image classification, causal LM, sequence-to-sequence LM, else
+    the base model). LeNet/AlexNet and torchvision/timm names build their own module.
 
     Args:
-        model: Anything `model_config` accepts. A given config is copied, not changed.
+        model: Anything `resolve_model` accepts. A given config is copied, not changed.
         device: Where to build; ``"meta"`` allocates nothing, any other device
-            allocates and initializes real weights.
+            allocates and initializes real weights (torchvision/timm: meta only).
         dtype: Parameter dtype (``"bf16"``, ``torch.float16``...). ``None`` means the
             dtype the config records (the published weights' dtype for catalog
             entries), else torch's default dtype.
         task: Overrides the class choice: ``"causal-lm"`` (with the LM head),
-            ``"encoder"`` (base model), ``"vision"``/``"cnn"`` (image classification).
+            ``"seq2seq"``, ``"encoder"`` (base model), ``"vision"``/``"cnn"``.
 
     Returns:
         The model (``nn.Module``). On meta it is built without weight initialisation
@@ -171,9 +279,28 @@ def build_model(
         >>> next(build_model("llama-3-8b").parameters()).dtype
         torch.bfloat16
     """
-    config = model_config(model)
-    chosen = model_dtype(config, _build_dtype(dtype))
-    return instantiate(config, model_class_for(config, task=task), chosen, device=device)
+    if isinstance(model, str) and not is_zoo_name(model):
+        entry = _entry_or_none(model)
+        if entry is not None and entry.builder is not None:
+            with torch.device(device):
+                built = CLASSICS[entry.builder]()
+            return built.to(_build_dtype(dtype) or torch.get_default_dtype())
+    resolved = resolve_model(model)
+    if resolved.config is None and resolved.module is not None:
+        if torch.device(device).type != "meta":
+            raise ValueError(f"{model!r} builds on the meta device only; pass device='meta'")
+        chosen = _build_dtype(dtype)
+        return resolved.module if chosen is None else resolved.module.to(chosen)
+    config = resolved.config
+    chosen_dtype = model_dtype(config, _build_dtype(dtype))
+    return instantiate(config, model_class_for(config, task=task), chosen_dtype, device=device)
+
+
+def _entry_or_none(name: str) -> ModelEntry | None:
+    try:
+        return _model_entry(name)
+    except ValueError:
+        return None
 
 
 def _build_dtype(dtype: str | torch.dtype | DType | None) -> torch.dtype | None:
@@ -188,35 +315,6 @@ def _build_dtype(dtype: str | torch.dtype | DType | None) -> torch.dtype | None:
             "dtype to a memory estimate instead"
         )
     return parsed.torch_dtype
-
-
-def resolve_config(model: Any, *, hub: bool = False) -> Any:
-    """A transformers config from a config, a transformers model, a name or a folder.
-
-    The one model resolver of torchfit: `model_config` for names and paths (offline),
-    and with ``hub=True`` a Hub id the catalog lacks (``"org/name"``) is read with
-    ``AutoConfig`` from the network or the Hugging Face cache (`load_config`).
-
-    Raises:
-        ValueError: an unknown name (the catalog's error, with close matches).
-        FileNotFoundError: a path with no config.json.
-        OSError: ``hub=True`` and the Hub could not give the config.
-
-    Example:
-        >>> resolve_config("gpt2").n_layer
-        12
-    """
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        return model  # a transformers config
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "model_type"):
-        return config  # a transformers model: its config describes it
-    try:
-        return model_config(model)
-    except ValueError:
-        if hub and isinstance(model, str) and is_hub_id(model):
-            return load_config(model, {})
-        raise
 
 
 def is_vision(config: Any) -> bool:

@@ -70,7 +70,13 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         enable_gqa: bool = False,  # noqa: FBT001, FBT002
     ) -> torch.Tensor:
         flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
-        if not flash or query.device.type != "meta":
+        # heads broadcast without enable_gqa (Falcon's multi-query keys), or values of
+        # another width than the queries (DeepSeek's latent attention): the CPU flash
+        # kernel takes neither and the math path runs (measured on CPU: the probabilities
+        # are saved); its meta kernel would give the output the queries' width
+        broadcast = not enable_gqa and key.shape[-3] != query.shape[-3]
+        broadcast |= value.shape[-1] != query.shape[-1]
+        if not flash or broadcast or query.device.type != "meta":
             return original(
                 query,
                 key,
@@ -85,6 +91,10 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
             repeat = query.shape[-3] // key.shape[-3]
             key = key.repeat_interleave(repeat, dim=-3)
             value = value.repeat_interleave(repeat, dim=-3)
+        if attn_mask is not None and attn_mask.requires_grad:
+            # a learned bias (T5's relative positions): the fused kernels take it and give
+            # its gradient; the CPU flash op stands in for them, so it gets the values only
+            attn_mask = attn_mask.detach()
         out: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(  # noqa: SLF001
             query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
         )[0]

@@ -89,8 +89,11 @@ def inference_peak(
     check_materialized(model, what="the estimate")
     torch_dtype = None if dtype is None else parse_dtype(dtype).torch_dtype
     with twins(torch_dtype, device=device) as convert:
-        params = model.named_parameters(remove_duplicate=False)
-        tensors = {n: convert(p.detach()) for n, p in params}
+        made: dict[int, torch.Tensor] = {}  # tied weights: one twin for all their names
+        tensors = {
+            n: made.setdefault(id(p), convert(p.detach()))
+            for n, p in model.named_parameters(remove_duplicate=False)
+        }
         tensors.update({n: convert(b) for n, b in model.named_buffers(remove_duplicate=False)})
         inputs = tree_map(convert, example_input)
         args, kwargs = split_inputs(inputs)
@@ -107,14 +110,19 @@ def estimate_module(
     model: nn.Module,
     *,
     batch_size: int,
-    input_shape: tuple[int, ...],
+    input_shape: tuple[int, ...] = (),
     dtype: str | DType = "fp32",
     mode: str = "train",
     optimizer: str | OptimizerName | None = "adamw",
     mixed_precision: bool | None = None,
     device: str = "cuda",
+    example_inputs: object = None,
 ) -> MemoryEstimate:
     """`estimate` for any ``nn.Module`` taking one float tensor of ``(batch, *input_shape)``.
+
+    ``example_inputs`` (meta tensors: a tensor, a tuple or a dict of keyword arguments,
+    such as int64 ``input_ids`` and ``labels`` of ``(batch, seq)`` for a text model)
+    replaces that tensor when given; ``input_shape`` is then not used.
 
     Training peak: a backward sweep over the layers in reverse order. At layer k, the
     saved tensors of layers before k are still alive, the gradients of the layers after
@@ -125,7 +133,11 @@ def estimate_module(
     step = parse_mode(mode)
     training = step is Mode.TRAIN
     mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
-    example = torch.empty((batch_size, *input_shape), device="meta")
+    example = (
+        torch.empty((batch_size, *input_shape), device="meta")
+        if example_inputs is None
+        else example_inputs
+    )
     rules = workspace_rules(device) is not None
     report = activation_bytes(
         model, example, dtype=compute, training=training, device=device, kernel_calls=rules

@@ -259,8 +259,9 @@ def _saved_pass(
     kernel_calls: bool,
 ) -> ActivationReport:
     """`activation_bytes` on twins made by ``convert`` (under their mode)."""
+    made: dict[int, nn.Parameter] = {}  # tied weights (an LM head): one twin for all names
     params = {
-        name: nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
+        name: made.setdefault(id(p), nn.Parameter(convert(p.detach()), p.requires_grad))
         for name, p in model.named_parameters(remove_duplicate=False)
     }
     tensors: dict[str, torch.Tensor] = {**params}

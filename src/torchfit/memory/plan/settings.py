@@ -70,40 +70,48 @@ class Settings:
 
 def config_of(model: Any) -> Any:
     """The transformers config behind ``model``, or None for a plain ``nn.Module``."""
-    from torch import nn  # noqa: PLC0415
+    from torchfit.memory.catalog.resolve import resolve_model  # noqa: PLC0415
 
-    from torchfit.memory.catalog.resolve import resolve_config  # noqa: PLC0415
-
-    if isinstance(model, nn.Module) and not hasattr(getattr(model, "config", None), "model_type"):
-        return None
-    return resolve_config(model)
+    return resolve_model(model).config
 
 
 def transformer_spec(model: Any) -> Any:
-    """The closed-form description of a text transformer; None for vision or plain modules."""
-    from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
+    """The closed-form description of a text transformer; None for any other model."""
+    from torchfit.memory.analytic.arch import describe, has_closed_form  # noqa: PLC0415
     from torchfit.memory.catalog.resolve import is_vision  # noqa: PLC0415
 
     config = config_of(model)
-    if config is None or is_vision(config):
+    if config is None or is_vision(config) or not has_closed_form(config):
         return None
     return describe(config)
 
 
 def default_seq_len(model: Any, settings: Settings) -> Settings:
-    """Fill in what one sample is: the model's longest sequence, or its config's image."""
-    from torchfit.memory.catalog.resolve import is_vision, vision_input_shape  # noqa: PLC0415
+    """Fill in what one sample is: the model's longest sequence, or its image."""
+    from torchfit.memory.catalog.inputs import DEFAULT_SEQUENCE, sequence_limit  # noqa: PLC0415
+    from torchfit.memory.catalog.resolve import (  # noqa: PLC0415
+        is_vision,
+        resolve_model,
+        vision_input_shape,
+    )
 
-    config = config_of(model)
+    resolved = resolve_model(model)
+    config = resolved.config
     if config is None:
-        raise ValueError("an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)")
+        if resolved.input_shape is None:
+            raise ValueError(
+                "an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)"
+            )
+        return dataclasses.replace(settings, input_shape=resolved.input_shape)
     if is_vision(config):
         return dataclasses.replace(settings, input_shape=vision_input_shape(config))
-    spec = transformer_spec(model)
-    return dataclasses.replace(settings, seq_len=spec.max_positions)
+    return dataclasses.replace(settings, seq_len=sequence_limit(config) or DEFAULT_SEQUENCE)
 
 
 def max_positions(model: Any, settings: Settings) -> int:
-    """The longest sequence the model takes (the planned one for a non-transformer)."""
-    spec = transformer_spec(model)
-    return spec.max_positions if spec is not None else settings.seq_len or 1
+    """The longest sequence the model takes (the planned one when it sets no limit)."""
+    from torchfit.memory.catalog.inputs import sequence_limit  # noqa: PLC0415
+
+    config = config_of(model)
+    limit = None if config is None else sequence_limit(config)
+    return limit or settings.seq_len or 1

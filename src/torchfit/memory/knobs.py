@@ -1,0 +1,72 @@
+"""The step knobs `estimate` takes beside the model: the loop and LoRA, checked together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchfit._core.step import Loop
+from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.lora import LoraSetup, lora_setup
+
+__all__ = ["lora_of", "loop_of", "refuse_for_meta_pass"]
+
+
+def loop_of(
+    accumulation: int,
+    *,
+    set_to_none: bool,
+    keep_output: bool,
+    in_backward: bool,
+    loss_chunk: int | None,
+) -> Loop:
+    """The loop knobs of `estimate`, checked together.
+
+    Example:
+        >>> loop_of(2, set_to_none=True, keep_output=False, in_backward=True, loss_chunk=None)
+        Traceback (most recent call last):
+        ...
+        ValueError: optimizer_in_backward=True steps each parameter during backward, ...
+    """
+    loop = Loop(accumulation_steps=accumulation, set_to_none=set_to_none, keep_output=keep_output)
+    if not isinstance(in_backward, bool):
+        raise TypeError(f"optimizer_in_backward must be True or False; got {in_backward!r}")
+    if in_backward and loop.accumulation_steps > 1:
+        raise ValueError(
+            "optimizer_in_backward=True steps each parameter during backward, so gradients "
+            f"cannot accumulate over gradient_accumulation_steps={loop.accumulation_steps}; "
+            "use one or the other (torchtune refuses the pair too)"
+        )
+    if loss_chunk is not None and (isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int)):
+        raise TypeError(f"loss_chunk_size must be an int or None; got {loss_chunk!r}")
+    if loss_chunk is not None and loss_chunk < 1:
+        raise ValueError(f"loss_chunk_size must be >= 1 position, or None; got {loss_chunk}")
+    return loop
+
+
+def lora_of(
+    spec: TransformerSpec,
+    lora: Any,
+    rank: int | None,
+    targets: str | Sequence[str] | None,
+    dropout: float | None,
+) -> LoraSetup | None:
+    """The adapters asked for, or None when no LoRA argument was given."""
+    if lora is None and rank is None and targets is None and dropout is None:
+        return None
+    return lora_setup(spec, lora=lora, rank=rank, targets=targets, dropout=dropout)
+
+
+def refuse_for_meta_pass(loop: Loop, *, in_backward: bool, lora: bool, chunked: bool) -> None:
+    """A meta-pass estimate models the plain loop only: say so rather than ignore a knob."""
+    if lora:
+        raise ValueError(
+            "lora=/lora_rank=/lora_targets= need a transformers config of a family with a "
+            "closed form; for this model pass trainable_params=, or trace the peft model"
+        )
+    if loop != Loop(keep_output=loop.keep_output) or in_backward or chunked:
+        raise ValueError(
+            "gradient_accumulation_steps, set_to_none=False, optimizer_in_backward and "
+            "loss_chunk_size are modelled for transformers' closed forms only so far; for "
+            "this model use torchfit.memory.trace_step with your own training step"
+        )
