@@ -19,6 +19,7 @@ import dataclasses
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import published_cases as published
 
-from torchfit.memory import describe, estimate, gpu, model_config, to_device
+from torchfit.memory import estimate, gpu, to_device
+from torchfit.memory.catalog.resolve import resolve_model
 from torchfit.memory.result import MemoryEstimate
 
 #: Cards the sources name, as torchfit's catalog knows them.
@@ -41,11 +43,13 @@ CARDS = {
 DEFAULT_CARD = "A100 80GB"
 
 #: Hub ids of the sources -> torchfit catalog names.
+#: Every other model goes by its Hub id through torchfit's resolver (offline: the catalog).
 MODELS = {
-    "google-bert/bert-large-uncased": "bert-large",
-    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
-    "meta-llama/Llama-2-13b-hf": "llama-2-13b",
-    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    # a LoRA fine-tune of Llama-3-8B-Instruct merged back: Llama-3-8B's architecture
+    "meta-llama/Meta-Llama-3-8B-Instruct (LoRA-finetuned, merged)": "llama-3-8b",
+    # Hugging Face's ViT-L/16 stands in for torchvision's vit_l_16 (same shapes: patch 16,
+    # 24 layers, width 1024, MLP 4096, 16 heads; another implementation of the blocks)
+    "torchvision vit_l_16 (10-class head)": "vit-large",
 }
 
 #: Precision as the sources write it -> estimate() keywords.
@@ -55,8 +59,19 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16-mixed": {"dtype": "bf16", "mixed_precision": True},
     "bf16-true": {"dtype": "bf16", "mixed_precision": False},
     "bf16": {"dtype": "bf16", "mixed_precision": False},
-    "bf16-true + bnb.nf4 base": {"dtype": "nf4", "mixed_precision": False},
-    "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "mixed_precision": False},
+    "bf16-true + bnb.nf4 base": {"dtype": "nf4", "precision": "bf16-true", "double_quant": False},
+    "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true"},
+    "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {"dtype": "nf4"},
+    "int8 (bitsandbytes LLM.int8, load_in_8bit=True)": {"dtype": "int8"},
+}
+
+#: What each recipe's chunked cross-entropy chunks: LitGPT's lm_head_chunk_size=128 (the
+#: finetune scripts' model(input_ids, lm_head_chunk_size=128)); torchtune's
+#: CEWithChunkedOutputLoss, num_output_chunks=8 (a chunk of seq_len / 8 positions).
+LOSS_CHUNKS: dict[str, Callable[[int], int]] = {
+    "Lit-GPT": lambda _seq: 128,
+    "litgpt": lambda _seq: 128,
+    "torchtune": lambda seq: max(1, seq // 8),
 }
 
 OPTIMIZERS = {
@@ -117,30 +132,36 @@ class Row:
         return (self.predicted - self.case.value_bytes) / self.case.value_bytes
 
 
-def _lora_params(case: published.Case, model: str) -> int:
-    """Adapter parameters of ``r=..`` on the named projections (q/k/v/o, MLP)."""
+#: LoRA targets as the sources name them -> the names torchfit takes.
+_TARGETS = ("query", "key", "value", "projection", "output_proj", "q_proj", "v_proj", "mlp")
+
+
+def _lora(case: published.Case) -> dict[str, Any]:
+    """``lora_rank``, ``lora_targets`` and ``lora_dropout`` from the source's LoRA text."""
     text = case.lora or ""
     rank = re.search(r"r=(\d+)", text)
     if rank is None:
         raise NotExpressible(f"LoRA rank not readable from {text!r}")
-    r = int(rank.group(1))
-    spec = describe(model_config(model))
-    h, kv = spec.hidden, spec.num_kv_heads * spec.head_dim
-    shapes = {"query": (h, h), "key": (h, kv), "value": (h, kv), "projection": (h, h)}
-    wanted = [name for name in shapes if name in text]
-    if "mlp" in text or "head" in text:
-        raise NotExpressible("LoRA on the MLP or head: needs lora_targets (issue 14.6)")
-    if not wanted:
+    if "head" in text:
+        raise NotExpressible("LoRA on the output head")
+    targets = [name for name in _TARGETS if re.search(rf"\b{name}\b", text)]
+    if not targets:
         raise NotExpressible(f"LoRA targets not readable from {text!r}")
-    per_layer = sum(r * (shapes[name][0] + shapes[name][1]) for name in wanted)
-    return spec.num_layers * per_layer
+    dropout = re.search(r"dropout (\d+(?:\.\d+)?)", text)
+    return {
+        "lora_rank": int(rank.group(1)),
+        "lora_targets": targets,
+        "lora_dropout": float(dropout.group(1)) if dropout else 0.0,
+    }
 
 
 def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
     """The catalog model and `estimate` keywords for ``case``; NotExpressible if none."""
-    model = MODELS.get(case.model)
-    if model is None:
-        raise NotExpressible(f"model {case.model!r} is not in torchfit's catalog")
+    model = MODELS.get(case.model, case.model)
+    try:
+        resolve_model(model)
+    except (OSError, ValueError) as error:
+        raise NotExpressible(f"model {case.model!r}: {str(error).split(';')[0]}") from None
     if case.precision not in PRECISIONS:
         raise NotExpressible(f"precision {case.precision!r}")
     kwargs: dict[str, Any] = dict(PRECISIONS[case.precision])
@@ -152,6 +173,12 @@ def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
         return model, kwargs
+    _training(case, kwargs)
+    return model, kwargs
+
+
+def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
+    """The training knobs of ``case``, added to ``kwargs``; NotExpressible if one has none."""
     kwargs["gradient_accumulation_steps"] = case.gradient_accumulation_steps or 1
     if case.optimizer not in OPTIMIZERS:
         raise NotExpressible(f"optimizer {case.optimizer!r}")
@@ -160,15 +187,22 @@ def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
     if loop is None:
         raise NotExpressible(f"the training loop of {case.framework!r} is not known")
     kwargs.update(loop)
-    tricks = set(case.other_tricks) - {"packed sequences"}
+    tricks = set(case.other_tricks) - {"packed sequences", "chunked CE", "optimizer in backward"}
     if tricks:
         raise NotExpressible(f"not modelled: {', '.join(sorted(tricks))}")
+    if "optimizer in backward" in case.other_tricks:
+        kwargs["optimizer_in_backward"] = True
+    if "chunked CE" in case.other_tricks:
+        chunk = next(v for k, v in LOSS_CHUNKS.items() if (case.framework or "").startswith(k))
+        kwargs["loss_chunk_size"] = chunk(kwargs["seq_len"])
     kwargs["gradient_checkpointing"] = bool(case.gradient_checkpointing)
     if case.attention is not None:
         kwargs["attn_implementation"] = case.attention
     if case.method in {"lora", "qlora"}:
-        kwargs["trainable_params"] = _lora_params(case, model)
-    return model, kwargs
+        kwargs.update(_lora(case))
+    bnb = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", case.cuda_torch or "")
+    if case.method == "qlora" and bnb is not None:
+        kwargs["bitsandbytes_version"] = bnb.group(1)
 
 
 def compare(case: published.Case, *, heldout: bool) -> Row:
@@ -180,7 +214,11 @@ def compare(case: published.Case, *, heldout: bool) -> Row:
     card = gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
     version = re.search(r"CUDA (\d+\.\d+)", case.cuda_torch or "")
     cuda = None if version is None else version.group(1)
-    device: MemoryEstimate = to_device(estimate(model, **kwargs), gpu=card, cuda_version=cuda)
+    try:
+        found = estimate(model, **kwargs)
+    except ValueError as error:  # a setting torchfit refuses for this model, with the reason
+        return Row(case, heldout, reason=str(error).split(";")[0])
+    device: MemoryEstimate = to_device(found, gpu=card, cuda_version=cuda)
     if case.measured in {"fits", "oom"}:
         fits = device.device_total <= card.memory
         return Row(case, heldout, device.device_total, "fits" if fits else "oom")

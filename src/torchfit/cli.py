@@ -184,6 +184,18 @@ def _add_step_flags(plan: argparse.ArgumentParser) -> None:
         "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
     )
     plan.add_argument(
+        "--bitsandbytes-version",
+        default=None,
+        metavar="X.Y.Z",
+        help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
+    )
+    plan.add_argument(
+        "--no-double-quant",
+        dest="double_quant",
+        action="store_false",
+        help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
+    )
+    plan.add_argument(
         "--loss-chunk",
         type=int,
         default=None,
@@ -236,6 +248,8 @@ def _plan(args: argparse.Namespace) -> int:
         loss_chunk_size=args.loss_chunk,
         lora_rank=args.lora_rank,
         lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
+        bitsandbytes_version=args.bitsandbytes_version,
+        double_quant=args.double_quant,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(

@@ -8,9 +8,14 @@ and checked to the byte against loaded models in the quantize tests. Both
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+
 from torchfit._core.ledger import CUDA_BLOCK, cuda_block_bytes
 
 __all__ = [
+    "KEEPS_4BIT_INPUT_BEFORE",
+    "keeps_4bit_input",
     "BLOCKSIZE",
     "CUDA_BLOCK",
     "NESTED_BLOCKSIZE",
@@ -168,3 +173,34 @@ def quantized_weight_bytes(
     else:
         raise ValueError(f"bitsandbytes weights have 4 or 8 bits; got bits={bits!r}")
     return held_bytes(weight, device), sum(held_bytes(part, device) for part in parts)
+
+
+#: bitsandbytes stopped keeping a 4-bit layer's input for backward in 0.43.2 (PR #1270,
+#: "fix QLoRA mem bug: delete useless buffered activation": ``MatMul4Bit.forward`` saved
+#: ``ctx.tensors = (A, B)`` before, ``(None, B)`` since). A frozen 4-bit Linear needs only
+#: its weight to pass the gradient on, so newer versions keep nothing of its input.
+KEEPS_4BIT_INPUT_BEFORE = (0, 43, 2)
+
+
+def keeps_4bit_input(version: str | None = None) -> bool:
+    """Whether bitsandbytes ``version`` keeps every 4-bit Linear's input for backward.
+
+    ``None`` reads the installed version (without importing bitsandbytes); with none
+    installed, today's behaviour (False) is assumed.
+
+    Example:
+        >>> keeps_4bit_input("0.41.1"), keeps_4bit_input("0.43.2"), keeps_4bit_input("0.50.2")
+        (True, False, False)
+    """
+    if version is None:
+        try:
+            version = importlib.metadata.version("bitsandbytes")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    if not isinstance(version, str):
+        raise TypeError(f"bitsandbytes_version must be a string like '0.41.1'; got {version!r}")
+    parts = re.findall(r"\d+", version)[:3]
+    if not parts:
+        raise ValueError(f"cannot read the bitsandbytes version {version!r}; pass it like '0.41.1'")
+    numbers = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+    return numbers < KEEPS_4BIT_INPUT_BEFORE

@@ -80,6 +80,8 @@ def estimate(
     lora_rank: int | None = None,
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
+    bitsandbytes_version: str | None = None,
+    double_quant: bool = True,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -139,6 +141,11 @@ def estimate(
             these or ``trainable_params`` assumes PEFT's default adapters, and says so.
         lora_dropout: ``lora_dropout``: above 0 each adapter keeps a mask and a dropped
             copy of its input.
+        bitsandbytes_version: The bitsandbytes a 4-bit QLoRA run uses (default: the
+            installed one): before 0.43.2 every 4-bit Linear kept its input for backward.
+        double_quant: With a 4-bit ``dtype``: the absmax values quantized again
+            (``bnb_4bit_use_double_quant``, torchfit.quantize's default); ``False``: one
+            fp32 absmax per 64 weights.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -216,6 +223,8 @@ def estimate(
             compute_dtype=numerics.compute,
             loss_chunk=loss_chunk_size,
             lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout),
+            bitsandbytes_version=bitsandbytes_version,
+            double_quant=double_quant,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):

@@ -146,3 +146,20 @@ def test_lora_on_a_plain_module_says_what_to_do():
     net = torch.nn.Sequential(torch.nn.Linear(8, 8))
     with pytest.raises(ValueError, match="trace the peft model"):
         estimate(net, batch_size=1, input_shape=(8,), lora_rank=4)
+
+
+def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
+    config, _ = _model("llama")
+    common = dict(batch_size=4, seq_len=128, dtype="nf4", device="cuda")
+    old = estimate(config, bitsandbytes_version="0.41.1", **common)
+    new = estimate(config, bitsandbytes_version="0.43.2", **common)
+    # before 0.43.2 MatMul4Bit saved its input A for backward: o_proj, gate/up and down
+    # inputs (not adapted by the default q/v LoRA) are kept too
+    spec = describe(config)
+    kept = 4 * 128 * (spec.hidden + spec.hidden + spec.intermediate) * 2 * spec.num_layers
+    assert old.activations - new.activations == kept
+    assert any("before 0.43.2" in note for note in old.notes)
+    plain = estimate(config, double_quant=False, **common)
+    assert plain.weights > new.weights
+    with pytest.raises(ValueError, match="cannot read the bitsandbytes version"):
+        estimate(config, bitsandbytes_version="latest", **common)

@@ -61,6 +61,7 @@ class BlockSettings:
     frozen_base: bool = False
     autocast: bool = False
     lora: LoraSetup | None = None
+    inputs_kept: bool = False
 
     def keeps_input(self, *roles: str) -> bool:
         """Whether a Linear of these roles keeps its input for backward.
@@ -68,8 +69,10 @@ class BlockSettings:
         A trained Linear keeps it for its weight's gradient; over a frozen base only an
         adapter without dropout does (its ``lora_A`` reads the input itself). With no
         `LoraSetup` a frozen base is taken to have adapters on every block Linear.
+        ``inputs_kept``: every block Linear keeps its input anyway (bitsandbytes' 4-bit
+        matmul before 0.43.2).
         """
-        if not self.frozen_base or self.lora is None:
+        if not self.frozen_base or self.lora is None or self.inputs_kept:
             return True
         return self.lora.dropout == 0 and any(role in self.lora.roles for role in roles)
 

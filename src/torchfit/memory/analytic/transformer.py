@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import Family, TransformerSpec
@@ -145,6 +146,8 @@ def estimate_transformer(
     compute_dtype: str | DType | None = None,
     loss_chunk: int | None = None,
     lora: LoraSetup | None = None,
+    bitsandbytes_version: str | None = None,
+    double_quant: bool = True,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -180,20 +183,16 @@ def estimate_transformer(
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
         autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
     )
-    weights = states.weights
-    if weights_format.is_quantized:
-        from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
-
-        weights = quantized_weight_bytes(spec, weights_format, compute)
-        if training:  # the adapters, at full precision beside the frozen quantized base
-            weights += math.ceil(trainable * (4 if mixed else compute.itemsize))
-        notes.append(
-            f"block weights in {weights_format.value}; embeddings, norms, head in {compute.value}"
-        )
-    if weights_format.is_quantized and training:
-        notes.append(f"adapters ({trainable:,} parameters): {states.note}")
-    elif not weights_format.is_quantized:  # quantized inference: said above
-        notes.append(states.note)
+    weights = _weights(
+        spec,
+        states,
+        weights_format,
+        compute,
+        adapters=trainable if training else 0,
+        mixed=mixed,
+        double_quant=double_quant,
+        notes=notes,
+    )
 
     settings = BlockSettings(
         dtype=compute,
@@ -204,7 +203,10 @@ def estimate_transformer(
         and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
         autocast=training and mixed and compute.bits == 16,
         lora=lora if training else None,
+        inputs_kept=_inputs_kept(weights_format, bitsandbytes_version, training=training),
     )
+    if settings.inputs_kept:
+        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
     if not training:
         return _inference(
             spec,
@@ -364,6 +366,40 @@ def _adapters(
                 f"train {adapters:,} parameters; pass only one of them"
             )
     return lora
+
+
+def _weights(
+    spec: TransformerSpec,
+    states: ModelStates,
+    weights: DType,
+    compute: DType,
+    *,
+    adapters: int,
+    mixed: bool,
+    double_quant: bool,
+    notes: list[str],
+) -> int:
+    """Weight bytes: the model states', or a quantized base plus its adapters."""
+    if not weights.is_quantized:
+        notes.append(states.note)
+        return states.weights
+    from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
+
+    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant)
+    # the adapters, at full precision beside the frozen quantized base
+    held += math.ceil(adapters * (4 if mixed else compute.itemsize))
+    nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    notes.append(
+        f"block weights in {weights.value}{nested}; embeddings, norms, head in {compute.value}"
+    )
+    if adapters:
+        notes.append(f"adapters ({adapters:,} parameters): {states.note}")
+    return held
+
+
+def _inputs_kept(weights: DType, version: str | None, *, training: bool) -> bool:
+    """Whether every 4-bit Linear keeps its input (bitsandbytes before 0.43.2)."""
+    return training and weights.bits == 4 and keeps_4bit_input(version)
 
 
 def _kept_output(loop: Loop, logits: float, notes: list[str]) -> int:

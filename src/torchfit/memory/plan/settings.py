@@ -39,6 +39,8 @@ class Settings:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] | None = None
     lora_dropout: float | None = None
+    bitsandbytes_version: str | None = None
+    double_quant: bool = True
 
     def device(self) -> dict[str, Any]:
         """The keyword arguments of `to_device` these settings stand for."""
@@ -56,6 +58,8 @@ class Settings:
             "lora_rank": self.lora_rank,
             "lora_targets": self.lora_targets,
             "lora_dropout": self.lora_dropout,
+            "bitsandbytes_version": self.bitsandbytes_version,
+            "double_quant": self.double_quant,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,

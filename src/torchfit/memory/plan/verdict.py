@@ -230,6 +230,8 @@ def fits(
     lora_rank: int | None = None,
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
+    bitsandbytes_version: str | None = None,
+    double_quant: bool = True,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -278,6 +280,8 @@ def fits(
         lora_targets: the Linears that get adapters (see `estimate`); a 4/8-bit base
             without these or ``trainable_params`` assumes PEFT's default adapters.
         lora_dropout: The adapters' dropout.
+        bitsandbytes_version: The bitsandbytes of a 4-bit run (default: the installed one).
+        double_quant: With a 4-bit ``dtype``: double quantization of the absmax values.
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -329,6 +333,8 @@ def fits(
         context_bytes=None if context_bytes is None else parse_bytes(context_bytes),
         loss_chunk_size=loss_chunk_size,
         **_lora_settings(lora, lora_rank, lora_targets, lora_dropout),
+        bitsandbytes_version=bitsandbytes_version,
+        double_quant=double_quant,
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)
