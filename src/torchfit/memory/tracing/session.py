@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
+from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
 from torchfit.memory.tracing.fake import fake_copy, reachable_tensors
@@ -153,6 +154,8 @@ def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
         with contextlib.ExitStack() as stack:
             if sdpa is not None:
                 stack.enter_context(sdpa.installed())
+            if session.device == "cuda":
+                stack.enter_context(cuda_autocast_on_cpu())
             if session.autocast_dtype is not None:
                 stack.enter_context(torch.autocast("cpu", dtype=session.autocast_dtype))
             session.step()
@@ -212,6 +215,11 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
     autocast = session.autocast_dtype is not None or "autocast" in session.describe
     if session.autocast_dtype is not None:
         notes.append(f"autocast: torch.autocast('cpu', dtype={session.autocast_dtype})")
+    if autocast and session.device == "cuda":
+        notes.append(
+            "autocast with CUDA's op lists (aten/src/ATen/autocast_mode.h): softmax, "
+            "layer_norm, exp, pow, sum and the losses in fp32"
+        )
     if autocast and session.device == "cpu":
         notes.append(
             "autocast on CPU: of oneDNN's bf16 scratch, only AMX's weight-gradient GEMMs and "

@@ -1,0 +1,87 @@
+"""CUDA's autocast op lists on CPU tensors: what each op returns and what autograd saves."""
+
+import pytest
+import torch
+
+from torchfit.memory import trace
+from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
+
+BF16 = torch.bfloat16
+
+
+def _dtypes(fn):
+    x = torch.randn(4, 16, requires_grad=True)
+    w = torch.randn(16, 16)
+    with torch.autocast("cpu", dtype=BF16):
+        return fn(x, w)
+
+
+CASES = {
+    "linear": (lambda x, w: torch.nn.functional.linear(x, w), BF16, BF16),
+    "softmax": (lambda x, w: torch.softmax(x.to(BF16), -1), BF16, torch.float32),
+    "layer_norm": (
+        lambda x, w: torch.nn.functional.layer_norm(x.to(BF16), (16,)),
+        BF16,
+        torch.float32,
+    ),
+    "exp": (lambda x, w: torch.exp(x.to(BF16)), BF16, torch.float32),
+    "pow": (lambda x, w: torch.pow(x.to(BF16), 3.0), BF16, torch.float32),
+    "sum": (lambda x, w: x.to(BF16).sum(), BF16, torch.float32),
+    "mv": (lambda x, w: torch.mv(w, x[0]), torch.float32, BF16),
+    # CPU autocast runs max_pool3d in fp32; CUDA has no rule for it
+    "max_pool3d": (
+        lambda x, w: torch.nn.functional.max_pool3d(x.to(BF16).view(1, 1, 4, 4, 4), 2),
+        torch.float32,
+        BF16,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_op_follows_the_cuda_list_only_inside_the_emulation(name):
+    fn, on_cpu, on_cuda = CASES[name]
+    assert _dtypes(fn).dtype == on_cpu
+    with cuda_autocast_on_cpu():
+        assert _dtypes(fn).dtype == on_cuda
+    assert _dtypes(fn).dtype == on_cpu  # the CPU's own lists are back
+
+
+def test_softmax_saves_its_fp32_output_and_the_matmul_the_cast_copy():
+    saved = []
+    x = torch.randn(2, 8, 8, requires_grad=True)
+    v = torch.randn(2, 8, 8, requires_grad=True)
+    with (
+        cuda_autocast_on_cpu(),
+        torch.autocast("cpu", dtype=BF16),
+        torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t),
+    ):
+        torch.bmm(torch.softmax(torch.bmm(x, v), -1), v)
+    assert torch.float32 in saved  # softmax's output
+    assert saved.count(BF16) == 4  # each bmm's two 16-bit inputs, the probabilities' cast too
+
+
+def test_a_cuda_trace_under_autocast_keeps_fp32_probabilities():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        n_positions=128,
+        vocab_size=500,
+        attn_implementation="eager",
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 500, (4, 128))
+    inputs = {"input_ids": ids, "labels": ids}
+    common = dict(autocast_dtype=BF16, optimizer="sgd")
+    cuda = trace(model, inputs, device="cuda", **common)
+    cpu = trace(model, inputs, device="cpu", **common)
+    # two layers of b*a*s*s probabilities kept in fp32 (CUDA) instead of bf16 (CPU), and
+    # their bf16 copies for the matmul
+    probabilities = 2 * 4 * 4 * 128 * 128
+    assert cuda.activations - cpu.activations >= probabilities * 2
+    assert any("CUDA's op lists" in note for note in cuda.notes)
