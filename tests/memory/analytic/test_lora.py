@@ -153,10 +153,12 @@ def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
     common = dict(batch_size=4, seq_len=128, dtype="nf4", device="cuda")
     old = estimate(config, bitsandbytes_version="0.41.1", **common)
     new = estimate(config, bitsandbytes_version="0.43.2", **common)
-    # before 0.43.2 MatMul4Bit saved its input A for backward: o_proj, gate/up and down
-    # inputs (not adapted by the default q/v LoRA) are kept too
+    # before 0.43.2 MatMul4Bit saved its input A for backward: the 16-bit copies of k_proj,
+    # o_proj, gate_proj, up_proj and down_proj inputs (not adapted by the default q/v LoRA,
+    # each its own cast under autocast) are kept too
     spec = describe(config)
-    kept = 4 * 128 * (spec.hidden + spec.hidden + spec.intermediate) * 2 * spec.num_layers
+    per_token = 4 * spec.hidden + spec.intermediate
+    kept = 4 * 128 * per_token * 2 * spec.num_layers
     assert old.activations - new.activations == kept
     assert any("before 0.43.2" in note for note in old.notes)
     plain = estimate(config, double_quant=False, **common)

@@ -76,6 +76,18 @@ class BlockSettings:
             return True
         return self.lora.dropout == 0 and any(role in self.lora.roles for role in roles)
 
+    def input_copies(self, *roles: str) -> int:
+        """How many copies of one input the Linears of ``roles`` keep.
+
+        They share their input, so one copy, except under autocast: autocast caches the
+        16-bit casts of weights only, so every Linear casts the shared fp32 input again
+        and keeps its own copy (measured with the tracer: q, k and v keep three).
+        """
+        kept = [role for role in roles if self.keeps_input(role)]
+        if not kept:
+            return 0
+        return len(kept) if self.autocast else 1
+
     def adapter_terms(self, spec: TransformerSpec) -> list[Term]:
         """What each adapter keeps: ``lora_B``'s input, and with dropout a mask and a copy."""
         roles = set() if self.lora is None else self.lora.roles & BLOCK_ROLES
@@ -143,12 +155,25 @@ def _core(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
     return terms
 
 
+def _activation(spec: TransformerSpec, s: BlockSettings) -> float:
+    """What the MLP's activation keeps, per token.
+
+    gelu_new is a chain of Python ops. Under CUDA autocast ``pow`` runs in fp32 (its
+    list in aten/src/ATen/autocast_mode.h) and the chain promotes to fp32 from there:
+    ``pow`` keeps an fp32 copy of its input, ``tanh`` its fp32 output, the last ``mul``
+    the 16-bit ``0.5 * x`` and the fp32 ``1 + tanh`` (measured with a CUDA-target trace).
+    """
+    e, i = s.dtype.itemsize, spec.intermediate
+    if spec.activation == "gelu_new" and s.autocast and s.device == "cuda" and e < FP32:
+        return (3 * FP32 + e) * i
+    return _SAVED_BY_ACTIVATION.get(spec.activation, 1) * i * e
+
+
 def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
     """Saved tensors of one block, per token, for training."""
     e, h, i = s.dtype.itemsize, spec.hidden, spec.intermediate
     drop = _dropout(spec.dropout, s)
     if spec.family is Family.GPT2:
-        act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
         return [
             Term("ln_1 input + mean/rstd", h * s.residual + 2 * FP32),
             Term("c_attn input", h * e if s.keeps_input("qkv") else 0),
@@ -157,7 +182,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
             Term("dropout masks (attn, mlp)", 2 * h * drop),
             Term("ln_2 input + mean/rstd", h * s.residual + 2 * FP32),
             Term("c_fc input", h * e if s.keeps_input("fc") else 0),
-            Term(f"{spec.activation} intermediates", act * i * e),
+            Term(f"{spec.activation} intermediates", _activation(spec, s)),
             Term("mlp c_proj input", i * e if s.keeps_input("down") else 0),
             *s.adapter_terms(spec),
         ]
@@ -167,18 +192,18 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         rms = h * FP32 + FP32 + (0 if s.frozen_base else h * s.residual)
         return [
             Term("input RMSNorm", rms),
-            Term("q/k/v input", h * e if s.keeps_input("q", "k", "v") else 0),
+            Term("q/k/v input", s.input_copies("q", "k", "v") * h * e),
             *_core(spec, seq_len, s),
             Term("o_proj input", h * e if s.keeps_input("o") else 0),
             Term("post-attention RMSNorm", rms),
-            Term("gate/up input", h * e if s.keeps_input("gate", "up") else 0),
+            Term("gate/up input", s.input_copies("gate", "up") * h * e),
             Term("SwiGLU: gate, act(gate), up", 3 * i * e),
             Term("down_proj input (the product)", i * e if s.keeps_input("down") else 0),
             *s.adapter_terms(spec),
         ]
     act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
     return [
-        Term("q/k/v input", h * e if s.keeps_input("q", "k", "v") else 0),
+        Term("q/k/v input", s.input_copies("q", "k", "v") * h * e),
         *_core(spec, seq_len, s),
         Term("attention output input", h * e if s.keeps_input("o") else 0),
         Term("dropout masks", 2 * h * drop),

@@ -155,6 +155,11 @@ def attention_bytes(
         # q (a heads), k and v (kv heads: GQA kernels read them unexpanded), output, lse
         qkv_out = tokens * (2 * hidden + 2 * kv_heads * head_dim) * elem
         return math.ceil(qkv_out + batch_size * num_heads * seq_len * FP32)
+    if impl is AttentionImpl.SDPA and elem < FP32:
+        # SDPA's math fallback computes 16-bit attention in fp32: it converts Q, K and V
+        # (aten/src/ATen/native/transformers/attention.cpp,
+        # _scaled_dot_product_attention_math), so everything it keeps is fp32
+        elem, fp32_softmax = FP32, False
     # Q, K^T and V contiguous for bmm (K and V already expanded to a heads), probabilities
     probabilities = FP32 + elem if fp32_softmax and elem < FP32 else elem
     saved = 3 * tokens * hidden * elem + square * probabilities

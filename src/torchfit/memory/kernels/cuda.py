@@ -119,10 +119,19 @@ class FusedSdpa(TorchFunctionMode):
             self.math += 1
             return func(*args, **kwargs)
         self.fused += 1
+        key, value = bound["key"], bound["value"]
+        if torch.is_autocast_enabled("cpu"):
+            # scaled_dot_product_attention is on autocast's lower-precision list; calling
+            # the fused op directly skips that rule, so apply it here: the kernel then
+            # keeps 16-bit Q, K, V and output, as on the GPU
+            low = torch.get_autocast_dtype("cpu")
+            query, key, value = (
+                t.to(low) if t.is_floating_point() else t for t in (query, key, value)
+            )
         output, _logsumexp = _FLASH(
             query,
-            bound["key"],
-            bound["value"],
+            key,
+            value,
             float(bound.get("dropout_p", 0.0) or 0.0),
             bool(bound.get("is_causal", False)),
             attn_mask=bound.get("attn_mask"),

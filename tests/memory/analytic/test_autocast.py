@@ -1,0 +1,95 @@
+"""The analytic estimate under autocast: against the CUDA-target trace (CUDA's op lists)
+and against real CPU autocast steps."""
+
+import pytest
+import torch
+
+from torchfit.memory import estimate, measure_step, trace
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, BATCH, SEQ = 3000, 8, 128
+
+
+def _model(family, attn):
+    if family == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=3,
+            n_embd=256,
+            n_head=4,
+            n_positions=256,
+            vocab_size=VOCAB,
+            attn_implementation=attn,
+        )
+        cls = transformers.GPT2LMHeadModel
+    elif family == "bert":
+        config = transformers.BertConfig(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+            attn_implementation=attn,
+        )
+        cls = transformers.BertForMaskedLM
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+            attn_implementation=attn,
+        )
+        cls = transformers.LlamaForCausalLM
+    torch.manual_seed(0)
+    config.bos_token_id = config.eos_token_id = 0
+    model = cls(config)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    return config, model, {"input_ids": ids, "labels": ids}
+
+
+CASES = [(f, a) for f in ("gpt2", "bert", "llama") for a in ("eager", "sdpa")]
+
+
+@pytest.mark.parametrize(("family", "attn"), CASES)
+def test_cuda_autocast_estimate_against_the_cuda_target_trace(family, attn):
+    config, model, inputs = _model(family, attn)
+    traced = trace(model, inputs, precision="bf16-mixed", device="cuda", optimizer="sgd")
+    predicted = estimate(
+        config,
+        batch_size=BATCH,
+        seq_len=SEQ,
+        precision="bf16-mixed",
+        attn_implementation=attn,
+        device="cuda",
+        optimizer="sgd",
+    )
+    allocated = traced.total - _cublas(traced)  # the estimate leaves cuBLAS to to_device
+    error = (predicted.total - allocated) / allocated
+    assert abs(error) <= 0.04, f"{error:+.1%}"
+
+
+def _cublas(traced):
+    note = next(n for n in traced.notes if n.startswith("cuBLAS workspace"))
+    size, unit = note.split()[2:4]
+    return round(float(size) * {"MiB": 2**20, "KiB": 2**10}[unit])
+
+
+@pytest.mark.parametrize(("family", "attn"), CASES)
+def test_cpu_autocast_estimate_against_the_real_step(family, attn):
+    config, model, inputs = _model(family, attn)
+    measured = measure_step(model, inputs, precision="bf16-mixed", device="cpu").peak
+    predicted = estimate(
+        config,
+        batch_size=BATCH,
+        seq_len=SEQ,
+        precision="bf16-mixed",
+        attn_implementation=attn,
+        device="cpu",
+    ).total
+    error = (predicted - measured) / measured
+    assert abs(error) <= 0.06, f"{error:+.1%}"
