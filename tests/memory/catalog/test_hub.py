@@ -204,6 +204,7 @@ def test_hub_failures_say_why_and_what_to_do(monkeypatch, tmp_path, error, needl
 def test_a_downloaded_config_is_read_then_found_in_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     requests = []
 
     def metadata(url, **kwargs):

@@ -94,6 +94,7 @@ def test_a_local_folder_resolves_alike_everywhere(tmp_path):
 def test_the_hub_is_asked_only_for_hub_ids(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     asked = []
 
     def offline(url, **kwargs):

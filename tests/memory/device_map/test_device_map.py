@@ -261,7 +261,10 @@ def test_offload_puts_the_overflow_on_the_cpu_and_runs_it_on_gpu_0():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"gpus": ["RTX 9999 Ultra"]}, r"gpus\[0\]: unknown GPU 'RTX 9999 Ultra'"),
+        (
+            {"gpus": ["RTX 9999 Ultra"]},
+            r"gpus\[0\]: cannot read 'RTX 9999 Ultra' as a memory budget.*unknown GPU",
+        ),
         ({"gpus": []}, r"gpus is empty; list the cards"),
         ({"batch_size": 0}, r"batch_size must be a positive integer .*got 0"),
         ({"dtype": "nf4"}, r"dtype='nf4': expected 'auto'.*bits=4"),

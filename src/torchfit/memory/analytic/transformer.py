@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import Family, TransformerSpec
+from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.blocks import (
     BlockSettings,
     Term,
@@ -37,16 +36,24 @@ from torchfit.memory.analytic.formulas import (
     model_state_bytes,
     parse_attention,
 )
-from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
+from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
     moe_backward_width,
     moe_block_terms,
     moe_inference_transient,
 )
+from torchfit.memory.analytic.states import (
+    adapters_for,
+    inputs_kept,
+    kept_gradients,
+    kept_output,
+    parameter_shapes,
+    weight_bytes,
+)
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
-__all__ = ["adapters_only", "elem_of", "estimate_transformer", "parameter_shapes"]
+__all__ = ["adapters_only", "elem_of", "estimate_transformer"]
 
 #: Fewer than 1/10 of the parameters training is taken as adapters over a frozen base.
 _ADAPTER_SHARE = 10
@@ -95,37 +102,6 @@ def _inference_transient(spec: TransformerSpec, seq_len: int, settings: BlockSet
 # --- end of the MoE hook ----------------------------------------------------------------
 
 
-def parameter_shapes(spec: TransformerSpec) -> list[tuple[int, ...]]:
-    """The shapes of the model's parameter tensors, as the block layout gives them.
-
-    Exact in the matrices that dominate (embeddings, attention and MLP weights); norms and
-    biases are vectors of ``hidden``. Used where a per-tensor figure matters (Adafactor's
-    factored state), not for counting parameters (`TransformerSpec.num_params` is exact).
-
-    Example:
-        >>> from transformers import GPT2Config
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> parameter_shapes(describe(GPT2Config(n_layer=1)))[:2]
-        [(50257, 768), (1024, 768)]
-    """
-    h, i, kv = spec.hidden, spec.intermediate, spec.kv_dim
-    shapes: list[tuple[int, ...]] = [(spec.vocab, h)]
-    if spec.family is not Family.LLAMA:
-        shapes.append((spec.max_positions, h))
-    if spec.family is Family.LLAMA:
-        block = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i), (h,), (h,)]
-    elif spec.family is Family.GPT2:
-        block = [(h, 3 * h), (3 * h,), (h, h), (h,), (h, i), (i,), (i, h), (h,), (h,)] + [(h,)] * 4
-    else:
-        block = [(h, h), (h,), (kv, h), (kv,), (kv, h), (kv,), (h, h), (h,), (i, h), (i,)]
-        block += [(h, i), (h,)] + [(h,)] * 4
-    shapes += block * spec.num_layers
-    shapes.append((h,))
-    if not spec.tied_embeddings:
-        shapes.append((spec.vocab, h))
-    return shapes
-
-
 def estimate_transformer(
     spec: TransformerSpec,
     *,
@@ -166,7 +142,9 @@ def estimate_transformer(
     opt = parse_optimizer(optimizer) if training else OptimizerName.NONE
     notes: list[str] = []
 
-    lora = _adapters(spec, lora, trainable_params, weights_format, training=training, notes=notes)
+    lora = adapters_for(
+        spec, lora, trainable_params, weights_format, training=training, notes=notes
+    )
     if lora is not None:
         trainable_params, frozen_base = lora_parameters(spec, lora), True
     trainable = spec.num_params if trainable_params is None else trainable_params
@@ -183,7 +161,7 @@ def estimate_transformer(
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
         autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
     )
-    weights = _weights(
+    weights = weight_bytes(
         spec,
         states,
         weights_format,
@@ -203,7 +181,7 @@ def estimate_transformer(
         and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
         autocast=training and mixed and compute.bits == 16,
         lora=lora if training else None,
-        inputs_kept=_inputs_kept(weights_format, bitsandbytes_version, training=training),
+        inputs_kept=inputs_kept(weights_format, bitsandbytes_version, training=training),
     )
     if settings.inputs_kept:
         notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
@@ -291,8 +269,8 @@ def _training_peak(
     head = 0 if settings.frozen_base else spec.vocab * spec.hidden
     head_grad = math.ceil(head * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
-    backward_start += _kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
-    kept_grads = _kept_gradients(loop, states.gradients, notes)
+    backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
+    kept_grads = kept_gradients(loop, states.gradients, notes)
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
     elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
     if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
@@ -337,90 +315,6 @@ def _training_peak(
         layers=layers if act else (),
         peak_at=peak_at,
     )
-
-
-def _adapters(
-    spec: TransformerSpec,
-    lora: LoraSetup | None,
-    trainable_params: int | None,
-    weights: DType,
-    *,
-    training: bool,
-    notes: list[str],
-) -> LoraSetup | None:
-    """The LoRA adapters that train, if any: asked for, or PEFT's default for a quantized base."""
-    if not training:
-        return None
-    if weights.is_quantized and lora is None and trainable_params is None:
-        lora = lora_setup(spec)
-        notes.append(
-            f"{weights.value} weights train through adapters: assumed PEFT's default LoRA, "
-            f"r={lora.rank} on {', '.join(DEFAULT_TARGETS[spec.family])} "
-            "(set lora_rank=/lora_targets=, or trainable_params=)"
-        )
-    if lora is not None and trainable_params is not None:
-        adapters = lora_parameters(spec, lora)
-        if trainable_params != adapters:
-            raise ValueError(
-                f"trainable_params={trainable_params:,} contradicts the LoRA adapters, which "
-                f"train {adapters:,} parameters; pass only one of them"
-            )
-    return lora
-
-
-def _weights(
-    spec: TransformerSpec,
-    states: ModelStates,
-    weights: DType,
-    compute: DType,
-    *,
-    adapters: int,
-    mixed: bool,
-    double_quant: bool,
-    notes: list[str],
-) -> int:
-    """Weight bytes: the model states', or a quantized base plus its adapters."""
-    if not weights.is_quantized:
-        notes.append(states.note)
-        return states.weights
-    from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
-
-    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant)
-    # the adapters, at full precision beside the frozen quantized base
-    held += math.ceil(adapters * (4 if mixed else compute.itemsize))
-    nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
-    notes.append(
-        f"block weights in {weights.value}{nested}; embeddings, norms, head in {compute.value}"
-    )
-    if adapters:
-        notes.append(f"adapters ({adapters:,} parameters): {states.note}")
-    return held
-
-
-def _inputs_kept(weights: DType, version: str | None, *, training: bool) -> bool:
-    """Whether every 4-bit Linear keeps its input (bitsandbytes before 0.43.2)."""
-    return training and weights.bits == 4 and keeps_4bit_input(version)
-
-
-def _kept_output(loop: Loop, logits: float, notes: list[str]) -> int:
-    """The logits the caller keeps referenced through backward (16-bit under autocast)."""
-    if not loop.keep_output:
-        return 0
-    notes.append("the forward's output (the logits) is kept through backward")
-    return math.ceil(logits)
-
-
-def _kept_gradients(loop: Loop, gradients: int, notes: list[str]) -> int:
-    """Gradients alive through forward and backward: accumulated, or zeroed in place."""
-    if not loop.gradients_during_forward:
-        return 0
-    why = (
-        f"{loop.accumulation_steps} accumulation steps"
-        if loop.accumulation_steps > 1
-        else "zero_grad(set_to_none=False)"
-    )
-    notes.append(f"gradients alive through forward and backward ({why})")
-    return gradients
 
 
 def _inference(

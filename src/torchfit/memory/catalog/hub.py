@@ -195,7 +195,8 @@ def hub_config_file(repo_id: str, options: HubOptions | None = None) -> Path:
     if cached is not None:
         return cached
     if options.local_files_only or hub_offline():
-        why = "local_files_only=True" if options.local_files_only else "HF_HUB_OFFLINE is set"
+        flag = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+        why = "local_files_only=True" if options.local_files_only else f"{flag} is set"
         missing = FileNotFoundError(
             f"{why}, and it is not in the Hugging Face cache at {hub_cache_dir(options.cache_dir)}"
         )

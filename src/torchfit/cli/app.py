@@ -1,9 +1,4 @@
-"""The ``torchfit`` command: ``plan``, ``gpus``, ``models``.
-
-Errors a user can fix (an unknown model, Hub id or card, a bad size, a gated repository,
-no network) print one line with the close matches and exit with status 2, without a
-traceback.
-"""
+"""The ``torchfit`` command's parser and subcommands (`torchfit.cli.main` runs it)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ from typing import Any
 
 from torchfit import __version__
 from torchfit._core.units import format_bytes
+from torchfit.cli.flags import add_step_flags
 
 __all__ = ["main"]
 
@@ -115,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --inference: place the layers on the --gpus cards (accelerate), each "
         "keeping room for its KV cache and activations",
     )
-    _add_step_flags(plan)
+    add_step_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
 
@@ -132,76 +128,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     models.add_argument("--json", action="store_true")
     return parser
-
-
-def _add_step_flags(plan: argparse.ArgumentParser) -> None:
-    """Flags for how the training loop runs and what the CUDA stack is."""
-    plan.add_argument(
-        "--precision",
-        default=None,
-        help="Lightning's names: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true "
-        "(with it, --dtype stays auto or names a quantized base: nf4, int8)",
-    )
-    plan.add_argument(
-        "--accumulate",
-        type=int,
-        default=1,
-        metavar="N",
-        help="gradient accumulation steps (--batch is one micro-batch); gradients stay alive",
-    )
-    plan.add_argument(
-        "--zero-grad-in-place",
-        dest="set_to_none",
-        action="store_false",
-        help="zero_grad(set_to_none=False): gradients stay allocated between steps",
-    )
-    plan.add_argument(
-        "--keep-output",
-        action="store_true",
-        help="the forward's output stays referenced through backward (outputs.loss.backward())",
-    )
-    plan.add_argument(
-        "--optimizer-in-backward",
-        action="store_true",
-        help="each parameter steps during backward and its gradient is freed (torchtune)",
-    )
-    plan.add_argument(
-        "--cuda-version",
-        default=None,
-        help="the job's CUDA version (torch.version.cuda); before 11.7 the context is larger",
-    )
-    plan.add_argument(
-        "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
-    )
-    plan.add_argument(
-        "--lora-rank", type=int, default=None, metavar="R", help="LoRA rank (PEFT's default 8)"
-    )
-    plan.add_argument(
-        "--lora-targets",
-        default=None,
-        metavar="NAMES",
-        help="comma-separated Linears with adapters, e.g. q_proj,v_proj or all-linear "
-        "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
-    )
-    plan.add_argument(
-        "--bitsandbytes-version",
-        default=None,
-        metavar="X.Y.Z",
-        help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
-    )
-    plan.add_argument(
-        "--no-double-quant",
-        dest="double_quant",
-        action="store_false",
-        help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
-    )
-    plan.add_argument(
-        "--loss-chunk",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
-    )
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -422,7 +348,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"torchfit: error: {first}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,77 @@
+"""``torchfit plan``'s flags for the training loop, LoRA and the CUDA stack."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_step_flags"]
+
+
+def add_step_flags(plan: argparse.ArgumentParser) -> None:
+    """Flags for how the training loop runs and what the CUDA stack is."""
+    plan.add_argument(
+        "--precision",
+        default=None,
+        help="Lightning's names: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true "
+        "(with it, --dtype stays auto or names a quantized base: nf4, int8)",
+    )
+    plan.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="N",
+        help="gradient accumulation steps (--batch is one micro-batch); gradients stay alive",
+    )
+    plan.add_argument(
+        "--zero-grad-in-place",
+        dest="set_to_none",
+        action="store_false",
+        help="zero_grad(set_to_none=False): gradients stay allocated between steps",
+    )
+    plan.add_argument(
+        "--keep-output",
+        action="store_true",
+        help="the forward's output stays referenced through backward (outputs.loss.backward())",
+    )
+    plan.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        help="each parameter steps during backward and its gradient is freed (torchtune)",
+    )
+    plan.add_argument(
+        "--cuda-version",
+        default=None,
+        help="the job's CUDA version (torch.version.cuda); before 11.7 the context is larger",
+    )
+    plan.add_argument(
+        "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
+    )
+    plan.add_argument(
+        "--lora-rank", type=int, default=None, metavar="R", help="LoRA rank (PEFT's default 8)"
+    )
+    plan.add_argument(
+        "--lora-targets",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated Linears with adapters, e.g. q_proj,v_proj or all-linear "
+        "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
+    )
+    plan.add_argument(
+        "--bitsandbytes-version",
+        default=None,
+        metavar="X.Y.Z",
+        help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
+    )
+    plan.add_argument(
+        "--no-double-quant",
+        dest="double_quant",
+        action="store_false",
+        help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
+    )
+    plan.add_argument(
+        "--loss-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
+    )

@@ -1,0 +1,141 @@
+"""What a training step holds besides its activations: weights, adapters, kept tensors.
+
+Pure helpers of `torchfit.memory.analytic.transformer`: the weight bytes of a plain or a
+quantized base with its adapters, which LoRA adapters train, and what the loop keeps
+alive through forward and backward (the output, the gradients).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._core.step import Loop
+from torchfit._core.units import DType
+from torchfit.memory.analytic.arch import Family, TransformerSpec
+from torchfit.memory.analytic.formulas import ModelStates
+from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
+
+__all__ = [
+    "adapters_for",
+    "inputs_kept",
+    "kept_gradients",
+    "kept_output",
+    "parameter_shapes",
+    "weight_bytes",
+]
+
+
+def parameter_shapes(spec: TransformerSpec) -> list[tuple[int, ...]]:
+    """The shapes of the model's parameter tensors, as the block layout gives them.
+
+    Exact in the matrices that dominate (embeddings, attention and MLP weights); norms and
+    biases are vectors of ``hidden``. Used where a per-tensor figure matters (Adafactor's
+    factored state), not for counting parameters (`TransformerSpec.num_params` is exact).
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> parameter_shapes(describe(GPT2Config(n_layer=1)))[:2]
+        [(50257, 768), (1024, 768)]
+    """
+    h, i, kv = spec.hidden, spec.intermediate, spec.kv_dim
+    shapes: list[tuple[int, ...]] = [(spec.vocab, h)]
+    if spec.family is not Family.LLAMA:
+        shapes.append((spec.max_positions, h))
+    if spec.family is Family.LLAMA:
+        block = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i), (h,), (h,)]
+    elif spec.family is Family.GPT2:
+        block = [(h, 3 * h), (3 * h,), (h, h), (h,), (h, i), (i,), (i, h), (h,), (h,)] + [(h,)] * 4
+    else:
+        block = [(h, h), (h,), (kv, h), (kv,), (kv, h), (kv,), (h, h), (h,), (i, h), (i,)]
+        block += [(h, i), (h,)] + [(h,)] * 4
+    shapes += block * spec.num_layers
+    shapes.append((h,))
+    if not spec.tied_embeddings:
+        shapes.append((spec.vocab, h))
+    return shapes
+
+
+def adapters_for(
+    spec: TransformerSpec,
+    lora: LoraSetup | None,
+    trainable_params: int | None,
+    weights: DType,
+    *,
+    training: bool,
+    notes: list[str],
+) -> LoraSetup | None:
+    """The LoRA adapters that train, if any: asked for, or PEFT's default for a quantized base."""
+    if not training:
+        return None
+    if weights.is_quantized and lora is None and trainable_params is None:
+        lora = lora_setup(spec)
+        notes.append(
+            f"{weights.value} weights train through adapters: assumed PEFT's default LoRA, "
+            f"r={lora.rank} on {', '.join(DEFAULT_TARGETS[spec.family])} "
+            "(set lora_rank=/lora_targets=, or trainable_params=)"
+        )
+    if lora is not None and trainable_params is not None:
+        adapters = lora_parameters(spec, lora)
+        if trainable_params != adapters:
+            raise ValueError(
+                f"trainable_params={trainable_params:,} contradicts the LoRA adapters, which "
+                f"train {adapters:,} parameters; pass only one of them"
+            )
+    return lora
+
+
+def weight_bytes(
+    spec: TransformerSpec,
+    states: ModelStates,
+    weights: DType,
+    compute: DType,
+    *,
+    adapters: int,
+    mixed: bool,
+    double_quant: bool,
+    notes: list[str],
+) -> int:
+    """Weight bytes: the model states', or a quantized base plus its adapters."""
+    if not weights.is_quantized:
+        notes.append(states.note)
+        return states.weights
+    from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
+
+    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant)
+    # the adapters, at full precision beside the frozen quantized base
+    held += math.ceil(adapters * (4 if mixed else compute.itemsize))
+    nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    notes.append(
+        f"block weights in {weights.value}{nested}; embeddings, norms, head in {compute.value}"
+    )
+    if adapters:
+        notes.append(f"adapters ({adapters:,} parameters): {states.note}")
+    return held
+
+
+def inputs_kept(weights: DType, version: str | None, *, training: bool) -> bool:
+    """Whether every 4-bit Linear keeps its input (bitsandbytes before 0.43.2)."""
+    return training and weights.bits == 4 and keeps_4bit_input(version)
+
+
+def kept_output(loop: Loop, logits: float, notes: list[str]) -> int:
+    """The logits the caller keeps referenced through backward (16-bit under autocast)."""
+    if not loop.keep_output:
+        return 0
+    notes.append("the forward's output (the logits) is kept through backward")
+    return math.ceil(logits)
+
+
+def kept_gradients(loop: Loop, gradients: int, notes: list[str]) -> int:
+    """Gradients alive through forward and backward: accumulated, or zeroed in place."""
+    if not loop.gradients_during_forward:
+        return 0
+    why = (
+        f"{loop.accumulation_steps} accumulation steps"
+        if loop.accumulation_steps > 1
+        else "zero_grad(set_to_none=False)"
+    )
+    notes.append(f"gradients alive through forward and backward ({why})")
+    return gradients
