@@ -102,3 +102,26 @@ def test_gradient_checkpointing_traces_for_cuda(family):
     checkpointed = trace(model, inputs, device="cuda", optimizer="sgd")
     assert checkpointed.activations < plain.activations
     assert torch.nn.functional.scaled_dot_product_attention is sdpa  # restored
+
+
+def test_an_fp32_mixture_of_experts_traces_exactly():
+    # transformers runs experts with grouped_mm, whose fake kernel demands bf16 on CPU;
+    # the trace takes transformers' own fallback op, which allocates the same tensors
+    config = transformers.MixtralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    ids = torch.randint(0, VOCAB, (2, 32))
+    inputs = {"input_ids": ids, "labels": ids}
+    traced = trace(model, inputs, device="cpu").total
+    measured = measure_step(model, inputs, device="cpu").peak
+    assert abs(traced - measured) <= 64

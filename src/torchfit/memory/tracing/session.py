@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
+from torchfit.memory.catalog.build import experts_on_fake_tensors
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
@@ -146,18 +148,27 @@ def _young_gc_only() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def _step_context(session: Session, sdpa: FusedSdpa | None) -> Iterator[None]:
+    """What a traced step runs inside: the target device's kernels and autocast lists."""
+    with contextlib.ExitStack() as stack:
+        if sdpa is not None:
+            stack.enter_context(sdpa.installed())
+        if session.device == "cuda":
+            stack.enter_context(cuda_autocast_on_cpu())
+        if "transformers" in sys.modules:  # a model of transformers: its MoE experts
+            stack.enter_context(experts_on_fake_tensors())
+        if session.autocast_dtype is not None:
+            stack.enter_context(torch.autocast("cpu", dtype=session.autocast_dtype))
+        yield
+
+
 def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
     """Warm-up steps, then the recorded step; returns the leftover bytes ignored."""
     tracker = session.tracker
 
     def one_step() -> None:
-        with contextlib.ExitStack() as stack:
-            if sdpa is not None:
-                stack.enter_context(sdpa.installed())
-            if session.device == "cuda":
-                stack.enter_context(cuda_autocast_on_cpu())
-            if session.autocast_dtype is not None:
-                stack.enter_context(torch.autocast("cpu", dtype=session.autocast_dtype))
+        with _step_context(session, sdpa):
             session.step()
 
     try:
