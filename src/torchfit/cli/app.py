@@ -176,6 +176,7 @@ def _plan(args: argparse.Namespace) -> int:
         lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
         bitsandbytes_version=args.bitsandbytes_version,
         double_quant=args.double_quant,
+        quantize_head=args.quantize_head,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(

@@ -82,6 +82,7 @@ def estimate(
     lora_dropout: float | None = None,
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
+    quantize_head: bool = False,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -146,6 +147,8 @@ def estimate(
         double_quant: With a 4-bit ``dtype``: the absmax values quantized again
             (``bnb_4bit_use_double_quant``, torchfit.quantize's default); ``False``: one
             fp32 absmax per 64 weights.
+        quantize_head: The output head is quantized too (transformers keeps it in 16 bits
+            unless your skip list leaves it out); not possible for a tied head.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -225,6 +228,7 @@ def estimate(
             lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout),
             bitsandbytes_version=bitsandbytes_version,
             double_quant=double_quant,
+            quantize_head=quantize_head,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):

@@ -410,6 +410,12 @@ def to_device(
         f"CUDA context {format_bytes(context)} ({source}; outside the allocator, "
         "shown by nvidia-smi)"
     )
+    if estimate.weights:
+        notes.append(
+            "not counted: blocks the allocator still caches from loading the weights "
+            "(from_pretrained's temporary copies stay reserved, and in nvidia-smi, until "
+            "torch.cuda.empty_cache() after loading)"
+        )
     return estimate.replace(
         workspace=estimate.workspace + extra,
         reserved=reserved,

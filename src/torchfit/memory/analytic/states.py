@@ -96,19 +96,26 @@ def weight_bytes(
     mixed: bool,
     double_quant: bool,
     notes: list[str],
+    head: bool = False,
 ) -> int:
     """Weight bytes: the model states', or a quantized base plus its adapters."""
     if not weights.is_quantized:
+        if head:
+            raise ValueError(
+                f"quantize_head=True needs quantized weights (dtype='nf4' or 'int8'); "
+                f"got dtype={weights.value!r}"
+            )
         notes.append(states.note)
         return states.weights
     from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
 
-    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant)
+    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant, head=head)
     # the adapters, at full precision beside the frozen quantized base
     held += math.ceil(adapters * (4 if mixed else compute.itemsize))
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
     notes.append(
-        f"block weights in {weights.value}{nested}; embeddings, norms, head in {compute.value}"
+        f"block weights{' and the head' if head else ''} in {weights.value}{nested}; "
+        f"embeddings, norms{'' if head else ', head'} in {compute.value}"
     )
     if adapters:
         notes.append(f"adapters ({adapters:,} parameters): {states.note}")

@@ -124,6 +124,7 @@ def estimate_transformer(
     lora: LoraSetup | None = None,
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
+    quantize_head: bool = False,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -169,6 +170,7 @@ def estimate_transformer(
         adapters=trainable if training else 0,
         mixed=mixed,
         double_quant=double_quant,
+        head=quantize_head,
         notes=notes,
     )
 
