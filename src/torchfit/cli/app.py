@@ -177,6 +177,7 @@ def _plan(args: argparse.Namespace) -> int:
         bitsandbytes_version=args.bitsandbytes_version,
         double_quant=args.double_quant,
         quantize_head=args.quantize_head,
+        base_dtype=args.base_dtype,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(

@@ -7,6 +7,7 @@ alive through forward and backward (the output, the gradients).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from torchfit._bnb.layout import keeps_4bit_input
@@ -18,6 +19,7 @@ from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_param
 
 __all__ = [
     "adapters_for",
+    "frozen_base_states",
     "inputs_kept",
     "kept_gradients",
     "kept_output",
@@ -84,6 +86,37 @@ def adapters_for(
                 f"train {adapters:,} parameters; pass only one of them"
             )
     return lora
+
+
+def frozen_base_states(
+    states: ModelStates,
+    spec: TransformerSpec,
+    *,
+    trainable: int,
+    base: DType | None,
+    compute: DType,
+    notes: list[str],
+) -> ModelStates:
+    """Mixed precision over a frozen 16-bit base: the base stays 16-bit, adapters fp32.
+
+    A frozen weight needs no fp32 master copy, and transformers' ``from_pretrained``
+    loads a checkpoint in the dtype it was saved in (its default ``dtype="auto"`` in 5.x),
+    so a LoRA run under autocast holds the base in that dtype and only the adapters in
+    fp32 (PEFT's ``autocast_adapter_dtype``); autocast casts nothing of the base. With a
+    base in fp32 (``base=None`` or fp32) the states stay as mixed precision gives them.
+    """
+    if base is None or base.bits != 16:
+        return states
+    frozen = spec.num_params - trainable
+    notes.append(
+        f"frozen base in {base.value} (the checkpoint's dtype, as from_pretrained loads it), "
+        f"adapters in fp32; base_dtype='fp32' for a base loaded in fp32"
+    )
+    return dataclasses.replace(
+        states,
+        weights=math.ceil(frozen * base.itemsize + trainable * 4),
+        autocast_copies=math.ceil(trainable * compute.itemsize),
+    )
 
 
 def weight_bytes(

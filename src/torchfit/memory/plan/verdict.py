@@ -233,6 +233,7 @@ def fits(
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
     quantize_head: bool = False,
+    base_dtype: str | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -284,6 +285,7 @@ def fits(
         bitsandbytes_version: The bitsandbytes of a 4-bit run (default: the installed one).
         double_quant: With a 4-bit ``dtype``: double quantization of the absmax values.
         quantize_head: The output head quantized too (see `estimate`).
+        base_dtype: A frozen base's dtype under mixed precision (see `estimate`).
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -338,6 +340,7 @@ def fits(
         bitsandbytes_version=bitsandbytes_version,
         double_quant=double_quant,
         quantize_head=quantize_head,
+        base_dtype=base_dtype,
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)
