@@ -3,7 +3,7 @@
 import pytest
 
 from torchfit.memory import MemoryEstimate, cuda_context_bytes, to_device
-from torchfit.memory.allocator.device import (
+from torchfit.memory.allocator.context import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     EAGER_CUDA_CONTEXT_BYTES,
     PRE_LAZY_CUDA_CONTEXT_BYTES,

@@ -4,7 +4,7 @@ import pytest
 
 import torchfit
 from torchfit.cli import main
-from torchfit.memory.allocator.device import PRE_LAZY_CUDA_CONTEXT_BYTES
+from torchfit.memory.allocator.context import PRE_LAZY_CUDA_CONTEXT_BYTES
 
 LORA = 4_194_304  # rank-8 adapters on q and v of Llama-2-7B
 
