@@ -12,18 +12,21 @@ that forgot the ``docs`` extra cannot pass by skipping it.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 import torchfit
 from torchfit import memory
+from torchfit.cli import main as torchfit_main
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -429,6 +432,7 @@ def python_blocks(page: Path) -> list[str]:
 #: Pages whose Python blocks are one script, run top to bottom as a reader would.
 #: Blocks that load a real checkpoint ("path/to/...") are illustrations and left out.
 SNIPPET_PAGES = (
+    "recipes.md",
     "getting-started.md",
     "loaders.md",
     "precision.md",
@@ -462,3 +466,135 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()  # every page prints what it shows
+
+
+# -- commands shown with their output: the page cannot drift from what they print ---------
+
+_FENCED = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: A line of an output block that stands for lines left out.
+ELISION = "..."
+
+
+class ShownCommand(NamedTuple):
+    """A ``torchfit`` command in a ```bash block and the ```text block right after it."""
+
+    page: Path
+    line: int
+    command: str
+    output: list[str]
+
+
+def shown_commands(page: Path) -> list[ShownCommand]:
+    """Every ``torchfit`` command of a page that is followed by its output."""
+    text = page.read_text(encoding="utf-8")
+    blocks = list(_FENCED.finditer(text))
+    shown: list[ShownCommand] = []
+    for block, after in itertools.pairwise(blocks):
+        command = block["body"].replace("\\\n", " ").strip()
+        between = text[block.end() : after.start()]
+        if block["info"].strip() != "bash" or not command.startswith("torchfit "):
+            continue
+        if "\n" in command or between.strip() or not after["info"].startswith("text"):
+            continue
+        line = text.count("\n", 0, block.start()) + 1
+        output = [row.rstrip() for row in after["body"].rstrip().splitlines()]
+        shown.append(ShownCommand(page, line, " ".join(command.split()), output))
+    return shown
+
+
+def output_mismatch(shown: list[str], actual: list[str]) -> str | None:
+    """Why ``actual`` is not what ``shown`` shows, or None when it is.
+
+    A line ``...`` in ``shown`` stands for any lines (none included); every other line must
+    appear in ``actual`` as shown, in order, and the first and last lines are the output's
+    own first and last lines unless an elision stands before or after them.
+    """
+    chunks: list[list[str]] = [[]]
+    for row in shown:
+        if row == ELISION:
+            chunks.append([])
+        else:
+            chunks[-1].append(row)
+    position = 0
+    for index, chunk in enumerate(chunks):
+        if not chunk:
+            continue
+        last = index == len(chunks) - 1
+        if index == 0:
+            candidates = [0]
+        elif last:
+            candidates = [len(actual) - len(chunk)]
+        else:
+            candidates = range(position, len(actual) - len(chunk) + 1)
+        found = next(
+            (at for at in candidates if at >= position and actual[at : at + len(chunk)] == chunk),
+            None,
+        )
+        if found is None:
+            where = "first" if index == 0 else "last" if last else "next"
+            return f"the {where} shown lines are not the output's: {chunk[0]!r} ... {chunk[-1]!r}"
+        position = found + len(chunk)
+    if chunks[-1] and position != len(actual):
+        return f"the output goes on after the last shown line: {actual[position]!r}"
+    return None
+
+
+SHOWN = [shown for page in [*_doc_pages(), REPO / "README.md"] for shown in shown_commands(page)]
+
+
+@pytest.mark.parametrize("shown", SHOWN, ids=lambda s: f"{s.page.relative_to(REPO)}:{s.line}")
+def test_a_shown_command_prints_what_the_page_shows(shown, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # --plot writes where the reader stands
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    argv = shlex.split(shown.command)
+    assert torchfit_main(argv[1:]) == 0, capsys.readouterr().err
+    actual = [row.rstrip() for row in capsys.readouterr().out.rstrip().splitlines()]
+    problem = output_mismatch(shown.output, actual)
+    assert problem is None, f"{problem}\n$ {shown.command}\n" + "\n".join(actual)
+
+
+def test_every_recipe_command_shows_its_output():
+    page = DOCS / "recipes.md"
+    commands = [
+        block["body"]
+        for block in _FENCED.finditer(page.read_text(encoding="utf-8"))
+        if block["info"].strip() == "bash" and block["body"].startswith("torchfit ")
+    ]
+    checked = shown_commands(page)
+    assert len(checked) == len(commands) >= 12
+    assert not [s for s in checked if not s.output], "an output block is empty"
+
+
+@pytest.mark.parametrize(
+    ("shown", "problem"),
+    [
+        (["a", "b", "c"], None),
+        (["a", "...", "c"], None),
+        (["...", "b", "..."], None),
+        (["a", "...", "b", "...", "c"], None),
+        (["a", "b"], "the output goes on"),
+        (["b", "c"], "the first shown lines"),
+        (["a", "...", "x", "...", "c"], "the next shown lines"),
+        (["a", "...", "b", "...", "a"], "the last shown lines"),
+        (["a", "b", "c", "d"], "the first shown lines"),
+        (["...", "b"], "the last shown lines"),
+        (["a", "..."], None),
+    ],
+)
+def test_output_matcher(shown, problem):
+    result = output_mismatch(shown, ["a", "b", "c"])
+    assert result == problem or (problem is not None and result.startswith(problem))
+
+
+def test_shown_commands_are_read_with_their_continuations(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        '# T {#t}\n\n```bash\ntorchfit plan gpt2 \\\n    --gpu "RTX 3060"\n```\n\n'
+        '```text title="output"\nline 1\n...\n```\n\n```bash\ntorchfit gpus\n```\n\n'
+        "Prose between: not an output.\n\n```text\nx\n```\n",
+        encoding="utf-8",
+    )
+    assert shown_commands(page) == [
+        ShownCommand(page, 3, 'torchfit plan gpt2 --gpu "RTX 3060"', ["line 1", "..."])
+    ]
