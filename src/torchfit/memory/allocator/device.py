@@ -267,8 +267,8 @@ def to_device(
     if estimate.weights:
         notes.append(
             "not counted: blocks the allocator still caches from loading the weights "
-            "(from_pretrained's temporary copies stay reserved, and in nvidia-smi, until "
-            "torch.cuda.empty_cache() after loading)"
+            "(a loader's temporary copies, e.g. from_pretrained's, stay reserved and in "
+            "nvidia-smi until torch.cuda.empty_cache())"
         )
     return estimate.replace(
         workspace=estimate.workspace + extra,
