@@ -98,6 +98,28 @@ def test_plan_trace_adds_the_traced_step(capsys):
     assert "tracing:" in captured.err  # the progress bar (tqdm, on stderr)
 
 
+def test_plan_trace_follows_the_loop_and_precision_it_plans(capsys):
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "64", "--batch", "2", "--trace"]
+    assert main([*argv, "--accumulate", "2", "--keep-output", "--precision", "bf16-true"]) == 0
+    out = capsys.readouterr().out.split("traced (the real step")[1]
+    assert "2 x (forward, loss, backward)" in out
+    assert "the output kept through backward" in out
+    assert "the model in torch.bfloat16 (bf16-true)" in out
+    assert main([*argv, "--optimizer-in-backward"]) == 0
+    assert "stepped per parameter in backward" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--lora-rank", "8"], "--lora-rank"), (["--loss-chunk", "16"], "--loss-chunk")],
+)
+def test_plan_trace_refuses_what_it_cannot_follow(flags, named, capsys):
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "64", "--batch", "2", "--trace"]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "cannot follow" in err and named in err
+
+
 def test_plan_device_map_places_layers_on_each_card(capsys):
     argv = ["plan", "llama-2-13b", "--gpu", "A100 40GB", "--gpus", "2", "--inference"]
     argv += ["--batch", "8", "--seq", "4096", "--device-map"]

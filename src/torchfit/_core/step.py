@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._core.in_backward import InBackward
 from torchfit._core.optimizers import (
     OptimizerFactory,
     OptimizerName,
@@ -25,6 +26,7 @@ from torchfit._core.optimizers import (
 from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
+    "InBackward",
     "Loop",
     "Mode",
     "Numerics",
@@ -200,11 +202,15 @@ class Loop:
             ``outputs = model(**batch); loss = outputs.loss; loss.backward()`` (PyTorch's
             and Hugging Face's hand-written loops, nanoGPT). The Hugging Face Trainer,
             Lightning and torchtune drop it first: ``False``.
+        optimizer_in_backward: Each parameter steps from its post-accumulate-grad hook
+            and its gradient is freed there (torchtune's ``optimizer_in_bwd``), so no
+            moment holds every gradient; there is no separate optimizer step.
     """
 
     accumulation_steps: int = 1
     set_to_none: bool = True
     keep_output: bool = True
+    optimizer_in_backward: bool = False
 
     def __post_init__(self) -> None:
         """Refuse a non-integer or non-positive accumulation and non-bool flags."""
@@ -215,13 +221,21 @@ class Loop:
             raise ValueError(
                 f"gradient_accumulation_steps must be >= 1; got {steps} (1 means no accumulation)"
             )
-        for name in ("set_to_none", "keep_output"):
+        for name in ("set_to_none", "keep_output", "optimizer_in_backward"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        if self.optimizer_in_backward and steps > 1:
+            raise ValueError(
+                "optimizer_in_backward=True steps each parameter during backward, so gradients "
+                f"cannot accumulate over gradient_accumulation_steps={steps}; use one or the "
+                "other (torchtune refuses the pair too)"
+            )
 
     @property
     def gradients_during_forward(self) -> bool:
         """Whether gradients exist while a forward and backward run (accumulated or kept)."""
+        if self.optimizer_in_backward:
+            return False  # every gradient is freed as soon as its parameter stepped
         return self.accumulation_steps > 1 or not self.set_to_none
 
 
@@ -297,7 +311,7 @@ def run_step(
     example_inputs: object,
     *,
     mode: Mode,
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: torch.optim.Optimizer | InBackward | None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     set_to_none: bool = True,
     autocast_dtype: torch.dtype | None = None,
@@ -310,7 +324,8 @@ def run_step(
     not backward or the optimizer step, as PyTorch recommends. ``loop`` says how many
     micro-batches (each on ``example_inputs``) run before the optimizer step, whether the
     output stays referenced through backward, and ``zero_grad``'s ``set_to_none`` (which
-    then overrides ``set_to_none``).
+    then overrides ``set_to_none``). With ``loop.optimizer_in_backward`` the optimizer is
+    an `InBackward`, stepped parameter by parameter during backward.
     """
     loop = Loop(set_to_none=set_to_none, keep_output=False) if loop is None else loop
     # autocast on the device the model runs on (fake tensors of a trace say "cpu")
@@ -325,19 +340,28 @@ def run_step(
         with torch.inference_mode(), autocast:
             call_model(model, example_inputs)
         return
-    for _ in range(loop.accumulation_steps):
-        with autocast:
-            output = call_model(model, example_inputs)
-            loss = compute_loss(output, loss_fn)
-            if not loop.keep_output:
+    if isinstance(optimizer, InBackward) != loop.optimizer_in_backward:
+        raise ValueError(
+            "optimizer_in_backward=True needs an InBackward optimizer, and only it does; "
+            f"got {type(optimizer).__name__} with {loop}"
+        )
+    fused = optimizer.attached() if isinstance(optimizer, InBackward) else contextlib.nullcontext()
+    with fused:
+        for _ in range(loop.accumulation_steps):
+            with autocast:
+                output = call_model(model, example_inputs)
+                loss = compute_loss(output, loss_fn)
+                if not loop.keep_output:
+                    del output
+            if loop.accumulation_steps > 1:
+                loss = loss / loop.accumulation_steps
+            loss.backward()  # type: ignore[no-untyped-call]
+            del loss
+            if loop.keep_output:
                 del output
-        if loop.accumulation_steps > 1:
-            loss = loss / loop.accumulation_steps
-        loss.backward()  # type: ignore[no-untyped-call]
-        del loss
-        if loop.keep_output:
-            del output
-    if optimizer is not None:
+    if isinstance(optimizer, InBackward):
+        model.zero_grad(set_to_none=True)  # frozen or unused parameters: nothing to step
+    elif optimizer is not None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=loop.set_to_none)
     else:

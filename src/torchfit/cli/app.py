@@ -262,8 +262,31 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
     settings = plan.settings
     if settings.dtype not in {"fp32", "bf16", "fp16"}:
         raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {settings.dtype}")
+    untraceable = {
+        "--trainable-params": settings.trainable_params is not None,
+        "--lora-rank/--lora-targets": bool(settings.lora_rank or settings.lora_targets),
+        "--loss-chunk": settings.loss_chunk_size is not None,
+        "--gpus/--strategy": settings.world_size > 1 or settings.strategy is not None,
+        "--offload-optimizer/--offload-params": (
+            settings.offload_optimizer or settings.offload_params
+        ),
+    }
+    asked = [flag for flag, on in untraceable.items() if on]
+    if asked:
+        raise ValueError(
+            f"--trace runs the plain model's step and cannot follow {', '.join(asked)}; "
+            "drop --trace, or trace your own step with torchfit.memory.trace"
+        )
     train = settings.mode == "train"
     model = build_model(_model_of(args), device="meta", dtype="fp32" if train else settings.dtype)
+    if train and settings.gradient_checkpointing:
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        if enable is None:
+            raise ValueError(
+                f"--trace with --checkpointing needs a transformers model; "
+                f"{type(model).__name__} has no gradient_checkpointing_enable()"
+            )
+        enable()
     if settings.seq_len is not None:
         batch = settings.batch_size
         inputs: object = example_batch(
@@ -271,7 +294,17 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
         )
     else:
         inputs = torch.zeros(settings.batch_size, *settings.input_shape, device="meta")
-    mixed = train and settings.dtype != "fp32"
+    mixed = train and settings.dtype != "fp32" and settings.precision is None
+    loop = (
+        {
+            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+            "set_to_none": settings.set_to_none,
+            "keep_output": settings.keep_output,
+            "optimizer_in_backward": settings.optimizer_in_backward,
+        }
+        if train
+        else {}
+    )
     with experts_on_fake_tensors():
         return trace(
             model,
@@ -281,9 +314,11 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
             autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
             if mixed
             else None,
+            precision=settings.precision if train else None,
             device="cuda",
             progress=True,
             gpu=plan.gpu,
+            **loop,
         )
 
 

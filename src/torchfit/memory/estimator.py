@@ -19,30 +19,15 @@ path produced the numbers (``method: ...``).
 
 from __future__ import annotations
 
-import copy
-import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-from torch import nn
-
-from torchfit._core.step import OptimizerName, parse_mode, resolve_numerics
+from torchfit._core.step import OptimizerName, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
-from torchfit.memory.analytic.formulas import FP32
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
-    experts_on_fake_tensors,
-    instantiate,
-    model_class_for,
     recorded_dtype,
-)
-from torchfit.memory.catalog.inputs import (
-    DEFAULT_SEQUENCE,
-    example_batch,
-    loss_tokens,
-    sequence_limit,
 )
 from torchfit.memory.catalog.resolve import (
     build_model,
@@ -51,6 +36,7 @@ from torchfit.memory.catalog.resolve import (
     vision_input_shape,
 )
 from torchfit.memory.knobs import loop_of, lora_of, refuse_for_meta_pass
+from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
@@ -197,15 +183,11 @@ def estimate(
         "optimizer": optimizer,
         "mixed_precision": mixed_precision,
         "device": device,
+        "loop": loop,
     }
     config = resolved.config
     if config is None or not has_closed_form(config):
-        refuse_for_meta_pass(
-            loop,
-            in_backward=optimizer_in_backward,
-            lora=wants_lora,
-            chunked=loss_chunk_size is not None,
-        )
+        refuse_for_meta_pass(lora=wants_lora, chunked=loss_chunk_size is not None)
     if config is None:  # a plain module: the user's, LeNet/AlexNet, torchvision, timm
         shape = input_shape or resolved.input_shape
         if shape is None or resolved.module is None:
@@ -259,7 +241,7 @@ def estimate(
             f"does not model {', '.join(asked)}; trace the real step instead: "
             "torchfit.memory.trace(build_model(name), batch) (torchfit plan --trace)"
         )
-    return _by_meta_pass(config, seq_len=seq_len, attention=attn_implementation, **options)
+    return by_meta_pass(config, seq_len=seq_len, attention=attn_implementation, **options)
 
 
 def _base_dtype(config: Any, given: str | DType | None) -> DType | None:
@@ -273,117 +255,3 @@ def _base_dtype(config: Any, given: str | DType | None) -> DType | None:
 def _noted(found: MemoryEstimate, method: str) -> MemoryEstimate:
     """The estimate with the path that produced it as its first note."""
     return found.replace(notes=(method, *found.notes))
-
-
-#: Models built on meta for the fallback, by config: `fits` estimates one model many times.
-_BUILT: dict[tuple[str, str], Any] = {}
-_KEEP = 4
-
-
-def _meta_model(config: Any, attention: str) -> Any:
-    """The model built on meta from its config (fp32; the pass casts), once per config."""
-    key = (config.to_json_string(use_diff=False), attention)
-    if key not in _BUILT:
-        if len(_BUILT) >= _KEEP:
-            _BUILT.pop(next(iter(_BUILT)))
-        config = copy.deepcopy(config)
-        if attention == "eager":
-            config._attn_implementation = "eager"  # noqa: SLF001 - how transformers reads it
-        model = instantiate(config, model_class_for(config), torch.float32)
-        # no padding check: it reads token values (DeBERTa, ...), which meta tensors lack;
-        # the pass never shifts labels (decoder ids are given), the only other use of it
-        model.config.pad_token_id = None  # type: ignore[union-attr]
-        _BUILT[key] = model
-    return _BUILT[key]
-
-
-def _by_meta_pass(
-    config: Any, *, seq_len: int | None, attention: str, **options: Any
-) -> MemoryEstimate:
-    """Any transformers architecture: a meta-device pass with token ids as its input.
-
-    The pass gives what autograd saves, layer by layer (`estimate_module`). A step whose
-    model computes its loss from ``labels`` also holds, at the start of backward, two
-    logits-sized fp32 gradients (of the log-softmax and of the logits) instead of the
-    model's outputs, which torchfit's step drops before backward: measured with the
-    tracer on BLOOM, Falcon, T5, GPTBigCode, OPT, GPT-NeoX and Gemma 2.
-    """
-    limit = sequence_limit(config)
-    seq = seq_len if seq_len is not None else limit or DEFAULT_SEQUENCE
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
-        raise ValueError(f"seq_len must be a positive integer; got {seq!r}")
-    if limit is not None and seq > limit and not getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"seq_len={seq} is beyond this model's {limit} positions; use seq_len <= {limit}"
-        )
-    model = _meta_model(config, attention)
-    training = parse_mode(options["mode"]).value == "train"
-    batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
-    with experts_on_fake_tensors():
-        found = estimate_module(model, example_inputs=batch, **options)
-    method = (
-        f"method: meta-device pass of {type(model).__name__} built from its config (no closed "
-        f"form for model_type {config.model_type!r}); {seq} tokens per sample"
-    )
-    head = model.get_output_embeddings()
-    tokens = loss_tokens(batch)
-    if training and tokens and head is not None:
-        found = _with_loss_gradients(found, 2 * tokens * int(head.weight.shape[0]) * FP32)
-    if not training:
-        found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
-    return _noted(found, method)
-
-
-def _cache_apart(
-    found: MemoryEstimate, model: nn.Module, batch: dict[str, Any], dtype: DType
-) -> MemoryEstimate:
-    """Inference: the KV cache the forward returns, as ``kv_cache`` (it was in the output).
-
-    Self-attention keys and values of every decoder layer, and for encoder-decoders the
-    cross-attention ones over the encoder's sequence, as one more meta forward returns
-    them (the model is built in fp32: scaled to the compute dtype).
-    """
-    with torch.no_grad(), experts_on_fake_tensors():
-        output = model(**batch, use_cache=True)
-    cache = getattr(output, "past_key_values", None)
-    leaves = [t for t in _tensors(cache) if t.is_floating_point()]
-    kv = math.ceil(sum(t.numel() for t in leaves) * (2 if dtype.is_quantized else dtype.itemsize))
-    if not kv or kv > found.activations:
-        return found
-    what = (
-        "self- and cross-attention"
-        if getattr(model.config, "is_encoder_decoder", False)
-        else "self-attention"
-    )
-    note = f"inference returns the KV cache of every decoder layer ({what})"
-    return found.replace(
-        activations=found.activations - kv, kv_cache=kv, notes=(*found.notes, note)
-    )
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor inside a cache object, list or tuple (transformers' Cache classes too)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [t for item in value for t in _tensors(item)]
-    if value is None:
-        return []
-    found: list[torch.Tensor] = []
-    for name in ("self_attention_cache", "cross_attention_cache"):
-        found += _tensors(getattr(value, name, None))
-    for layer in getattr(value, "layers", None) or []:
-        found += _tensors([getattr(layer, "keys", None), getattr(layer, "values", None)])
-    return found
-
-
-def _with_loss_gradients(found: MemoryEstimate, loss_grads: int) -> MemoryEstimate:
-    """The start of backward with the loss's logits gradients, not the model's outputs."""
-    saved = sum(layer.activations for layer in found.layers)
-    start = found.replace(
-        gradients=0, activations=saved, workspace=loss_grads, peak_at="start of backward"
-    )
-    if found.peak_at == "start of backward" or start.total > found.total:
-        note = "start of backward: two logits-sized fp32 gradients of the loss"
-        return start.replace(notes=(*found.notes, note))
-    return found

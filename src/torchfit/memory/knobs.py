@@ -28,15 +28,12 @@ def loop_of(
         ...
         ValueError: optimizer_in_backward=True steps each parameter during backward, ...
     """
-    loop = Loop(accumulation_steps=accumulation, set_to_none=set_to_none, keep_output=keep_output)
-    if not isinstance(in_backward, bool):
-        raise TypeError(f"optimizer_in_backward must be True or False; got {in_backward!r}")
-    if in_backward and loop.accumulation_steps > 1:
-        raise ValueError(
-            "optimizer_in_backward=True steps each parameter during backward, so gradients "
-            f"cannot accumulate over gradient_accumulation_steps={loop.accumulation_steps}; "
-            "use one or the other (torchtune refuses the pair too)"
-        )
+    loop = Loop(
+        accumulation_steps=accumulation,
+        set_to_none=set_to_none,
+        keep_output=keep_output,
+        optimizer_in_backward=in_backward,
+    )
     if loss_chunk is not None and (isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int)):
         raise TypeError(f"loss_chunk_size must be an int or None; got {loss_chunk!r}")
     if loss_chunk is not None and loss_chunk < 1:
@@ -57,16 +54,16 @@ def lora_of(
     return lora_setup(spec, lora=lora, rank=rank, targets=targets, dropout=dropout)
 
 
-def refuse_for_meta_pass(loop: Loop, *, in_backward: bool, lora: bool, chunked: bool) -> None:
-    """A meta-pass estimate models the plain loop only: say so rather than ignore a knob."""
+def refuse_for_meta_pass(*, lora: bool, chunked: bool) -> None:
+    """A meta-pass estimate has no LoRA or chunked-loss model: say so rather than ignore it."""
     if lora:
         raise ValueError(
             "lora=/lora_rank=/lora_targets= need a transformers config of a family with a "
             "closed form; for this model pass trainable_params=, or trace the peft model"
         )
-    if loop != Loop(keep_output=loop.keep_output) or in_backward or chunked:
+    if chunked:
         raise ValueError(
-            "gradient_accumulation_steps, set_to_none=False, optimizer_in_backward and "
-            "loss_chunk_size are modelled for transformers' closed forms only so far; for "
-            "this model use torchfit.memory.trace_step with your own training step"
+            "loss_chunk_size is modelled for transformers' closed forms only (the loss of "
+            "any other model is its own code); for this model trace your own training step "
+            "with torchfit.memory.trace_step"
         )

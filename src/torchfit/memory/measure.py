@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from torchfit._core.in_backward import fused_if_asked
 from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
 from torchfit._core.step import (
     Loop,
@@ -281,6 +282,7 @@ def measure_step(
     precision: str | None = None,
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> Measurement[None]:
     """Measure the real steady-state peak of one step, leaving ``model`` untouched.
 
@@ -305,6 +307,7 @@ def measure_step(
         precision: As in `trace`: ``"*-true"`` converts the copy, ``"*-mixed"`` autocasts.
         gradient_accumulation_steps: Micro-batches per optimizer step, as in `trace`.
         keep_output: Keep the output referenced through backward, as in `trace`.
+        optimizer_in_backward: Step each parameter during backward, as in `trace`.
 
     Returns:
         The `Measurement` of the measured step; ``tracked`` covers the copied model, its
@@ -322,6 +325,7 @@ def measure_step(
         accumulation_steps=gradient_accumulation_steps,
         set_to_none=set_to_none,
         keep_output=keep_output,
+        optimizer_in_backward=optimizer_in_backward,
     )
     if cast is not None and isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
@@ -339,13 +343,16 @@ def measure_step(
                 work.to(cast)
             opt = make_optimizer(optimizer, work.parameters()) if step_mode is Mode.TRAIN else None
         work.train(step_mode is Mode.TRAIN)
+        step_opt = fused_if_asked(
+            opt, in_backward=optimizer_in_backward, training=step_mode is Mode.TRAIN
+        )
 
         def step() -> None:
             run_step(
                 work,
                 example_inputs,
                 mode=step_mode,
-                optimizer=opt,
+                optimizer=step_opt,
                 loss_fn=loss_fn,
                 autocast_dtype=autocast_dtype,
                 loop=loop,
@@ -354,4 +361,5 @@ def measure_step(
         if step_mode is Mode.TRAIN:
             step()  # warm-up: optimizer state exists from here on
         gc.collect()
-        return measure_peak(step, track=(work, opt, example_inputs), device=device)
+        tracked = (work, getattr(step_opt, "optimizers", step_opt), example_inputs)
+        return measure_peak(step, track=tracked, device=device)

@@ -12,6 +12,7 @@ import gc
 import pytest
 import torch
 
+from torchfit._core.in_backward import fused_if_asked
 from torchfit._core.step import Loop, Mode, make_optimizer, run_step
 from torchfit.memory import estimate, measure_peak
 
@@ -40,14 +41,19 @@ def _measured(model, optimizer, loop):
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     inputs = {"input_ids": ids, "labels": ids}
     work = copy.deepcopy(model)
-    opt = make_optimizer(optimizer, work.parameters())
+    opt = fused_if_asked(
+        make_optimizer(optimizer, work.parameters()),
+        in_backward=loop.optimizer_in_backward,
+        training=True,
+    )
 
     def step():
         run_step(work, inputs, mode=Mode.TRAIN, optimizer=opt, loop=loop)
 
     step()  # warm-up: optimizer state exists from here on
     gc.collect()
-    return measure_peak(step, track=(work, opt, inputs), device="cpu").peak
+    tracked = (work, getattr(opt, "optimizers", opt), inputs)
+    return measure_peak(step, track=tracked, device="cpu").peak
 
 
 def _estimated(config, optimizer, loop, **kwargs):
@@ -60,6 +66,7 @@ def _estimated(config, optimizer, loop, **kwargs):
         gradient_accumulation_steps=loop.accumulation_steps,
         set_to_none=loop.set_to_none,
         keep_output=loop.keep_output,
+        optimizer_in_backward=loop.optimizer_in_backward,
         **kwargs,
     ).total
 
@@ -77,8 +84,9 @@ def _close(predicted, real):
         Loop(accumulation_steps=2, keep_output=False),
         Loop(set_to_none=False, keep_output=False),
         Loop(accumulation_steps=3, set_to_none=False, keep_output=True),
+        Loop(keep_output=False, optimizer_in_backward=True),
     ],
-    ids=["plain", "output-kept", "accumulate-2", "zero-in-place", "all"],
+    ids=["plain", "output-kept", "accumulate-2", "zero-in-place", "all", "step-in-backward"],
 )
 def test_loop_knobs_against_the_real_step(loop):
     config, model = _llama()

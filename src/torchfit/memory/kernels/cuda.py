@@ -163,9 +163,7 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> bool:
     return changed
 
 
-def cuda_notes(
-    *, fused_sdpa: int, math_sdpa: int, dropouts: int = 0, foreach: bool, autocast: bool
-) -> list[str]:
+def cuda_notes(*, fused_sdpa: int, math_sdpa: int, dropouts: int = 0, foreach: bool) -> list[str]:
     """The notes a CUDA-target estimate carries."""
     notes = [
         (
@@ -195,9 +193,4 @@ def cuda_notes(
         )
     if foreach:
         notes.append("device=cuda: optimizer traced with foreach=True (PyTorch's CUDA default)")
-    if autocast:
-        notes.append(
-            "device=cuda: autocast traced with CPU autocast; CUDA's op lists differ slightly "
-            "(e.g. which ops run in fp32), and its weight-cast cache behaves alike"
-        )
     return notes

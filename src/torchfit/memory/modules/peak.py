@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from torchfit._core.step import Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32, model_state_bytes
@@ -28,7 +28,7 @@ from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, traini
 from torchfit.memory.modules.saved import LayerRecord, activation_bytes
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["estimate_module", "inference_peak"]
+__all__ = ["estimate_module", "inference_peak", "loop_notes"]
 
 
 def _backward_transient(record: LayerRecord, device: str, *, scale: float) -> int:
@@ -43,6 +43,23 @@ def _backward_transient(record: LayerRecord, device: str, *, scale: float) -> in
     grads = record.output_bytes + (record.input_bytes if record.input_requires_grad else 0)
     grads += math.ceil(record.param_bytes * scale)
     return grads + scratch_of(record.backward_calls, device)
+
+
+def loop_notes(loop: Loop) -> tuple[str, ...]:
+    """What the loop changes in a step's peak, in words (for the estimate's notes)."""
+    notes = []
+    if loop.accumulation_steps > 1:
+        notes.append(
+            f"gradients alive through forward and backward ({loop.accumulation_steps} "
+            "accumulation steps)"
+        )
+    elif not loop.set_to_none:
+        notes.append("gradients alive through forward and backward (zero_grad(set_to_none=False))")
+    if loop.keep_output:
+        notes.append("the forward's output is kept through backward")
+    if loop.optimizer_in_backward:
+        notes.append("optimizer step in backward: one parameter's gradient and update at a time")
+    return tuple(notes)
 
 
 class _LiveWithScratch(LiveBytes):  # type: ignore[no-untyped-call]
@@ -117,6 +134,7 @@ def estimate_module(
     mixed_precision: bool | None = None,
     device: str = "cuda",
     example_inputs: object = None,
+    loop: Loop | None = None,
 ) -> MemoryEstimate:
     """`estimate` for any ``nn.Module`` taking one float tensor of ``(batch, *input_shape)``.
 
@@ -128,7 +146,14 @@ def estimate_module(
     saved tensors of layers before k are still alive, the gradients of the layers after
     k exist, and the layer holds its output gradient and its new input gradient; the
     optimizer step holds all gradients plus its temporaries.
+
+    ``loop`` (default: one micro-batch, ``set_to_none=True``, the output dropped before
+    backward, as the Hugging Face Trainer and Lightning run it) changes what overlaps:
+    accumulated or kept gradients are alive through the whole sweep, a kept output stays
+    until backward ends, and with the optimizer step in backward each layer's gradients
+    are freed as soon as they are stepped, so there is no optimizer-step peak.
     """
+    loop = Loop(keep_output=False) if loop is None else loop
     compute = parse_dtype(dtype)
     step = parse_mode(mode)
     training = step is Mode.TRAIN
@@ -164,25 +189,38 @@ def estimate_module(
             peak_at="forward",
         )
     remaining = report.total
-    grads = 0
     scale = FP32 / compute.itemsize if mixed else 1.0
-    best = (remaining + report.output_bytes, grads, "start of backward")
+    largest = max((p.numel() for p in model.parameters()), default=0) * FP32
+    adam = parse_optimizer(optimizer) in {OptimizerName.ADAM, OptimizerName.ADAMW}
+    # accumulated or kept gradients: all of them exist while the next micro-batch runs;
+    # each layer's new gradient is a transient added into them in place
+    kept = states.gradients if loop.gradients_during_forward else 0
+    # the caller's reference keeps the output alive until backward ends
+    output = report.output_bytes if loop.keep_output else 0
+    # optimizer step in backward: once a layer's backward is done, its parameter gradient
+    # and the input gradient it passes on meet Adam's update temporaries (two tensors of
+    # the parameter's size on one tensor at a time; the largest parameter, to be safe)
+    in_step = 2 * largest if loop.optimizer_in_backward and adam else 0
+    grads = 0
+    best = (remaining + report.output_bytes, kept, "start of backward")
     for record in reversed(report.records):
-        transient = _backward_transient(record, device, scale=scale)
-        live = remaining + grads + transient
-        if live > best[0] + best[1]:
-            best = (remaining + transient, grads, record.name)
+        transient = _backward_transient(record, device, scale=scale) + output
+        if loop.optimizer_in_backward:
+            passed_on = record.input_bytes if record.input_requires_grad else 0
+            stepping = math.ceil(record.param_bytes * scale) + passed_on + output + in_step
+            transient = max(transient, stepping)
+        held = kept if loop.gradients_during_forward or loop.optimizer_in_backward else grads
+        if remaining + held + transient > best[0] + best[1]:
+            best = (remaining + transient, held, record.name)
         remaining -= record.saved
         grads += math.ceil(record.param_bytes * scale)
-    largest = max((p.numel() for p in model.parameters()), default=0) * FP32
     step_temp = 0
-    if parse_optimizer(optimizer) in {OptimizerName.ADAM, OptimizerName.ADAMW}:
+    if adam:
         step_temp = states.gradients if device == "cuda" else 2 * largest
-    if states.gradients + step_temp > best[0] + best[1]:
+    workspace = 0
+    if not loop.optimizer_in_backward and states.gradients + step_temp > best[0] + best[1]:
         best = (0, states.gradients, "optimizer step")
         workspace = step_temp
-    else:
-        workspace = 0
     activations, gradients, where = best
     return MemoryEstimate(
         weights=states.weights,
@@ -200,6 +238,7 @@ def estimate_module(
                 if rules
                 else ()
             ),
+            *loop_notes(loop),
         ),
         layers=report.layers,
         peak_at=where,

@@ -246,7 +246,6 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
             math_sdpa=sdpa.math if sdpa else 0,
             dropouts=sdpa.dropouts if sdpa else 0,
             foreach=foreach,
-            autocast=autocast,
         )
     return notes
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchfit._core.in_backward import InBackward, fused_if_asked
 from torchfit._core.step import (
     Loop,
     Mode,
@@ -91,7 +92,7 @@ def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _model_baseline(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, inputs: object
+    model: nn.Module, optimizers: list[torch.optim.Optimizer], inputs: object
 ) -> Callable[[], list[tuple[torch.Tensor, str, str]]]:
     """What the step starts with, categorized the way `measure_step` tracks it."""
 
@@ -99,7 +100,7 @@ def _model_baseline(
         params = list(model.parameters())
         rows = [(t, "weights", "(weights)") for t in (*params, *model.buffers())]
         rows += [(p.grad, "gradients", "(gradients)") for p in params if p.grad is not None]
-        if optimizer is not None:
+        for optimizer in optimizers:
             for state in optimizer.state.values():
                 rows += [(t, "optimizer", "(optimizer)") for t in reachable_tensors(state)]
         rows += [(t, "activations", "(inputs)") for t in reachable_tensors(inputs)]
@@ -122,6 +123,7 @@ def trace_events(
     precision: str | None = None,
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> Trace:
     """Trace one step of ``model`` and return everything: estimate, events, storages.
 
@@ -149,6 +151,7 @@ def trace_events(
         accumulation_steps=gradient_accumulation_steps,
         set_to_none=set_to_none,
         keep_output=keep_output,
+        optimizer_in_backward=optimizer_in_backward,
     )
     step_mode = parse_mode(mode)
     target = parse_device(device)
@@ -168,13 +171,17 @@ def trace_events(
         if training:
             with fake_mode:
                 fake_opt = make_optimizer(optimizer, fake_model.parameters())
+    step_opt = fused_if_asked(fake_opt, in_backward=optimizer_in_backward, training=training)
+    stepped = (
+        step_opt.optimizers if isinstance(step_opt, InBackward) else [fake_opt] if fake_opt else []
+    )
     fake_model.train(training)
     step = functools.partial(
         run_step,
         fake_model,
         fake_inputs,
         mode=step_mode,
-        optimizer=fake_opt,
+        optimizer=step_opt,
         loss_fn=loss_fn,
         autocast_dtype=autocast_dtype,
         loop=loop,
@@ -186,6 +193,9 @@ def trace_events(
         describe = f"{passes}, {what} step, zero_grad(set_to_none={set_to_none})"
         if keep_output:
             describe += "; the output kept through backward"
+        if optimizer_in_backward:
+            fused = f", {what} stepped per parameter in backward"
+            describe = describe.replace(f", {what} step", fused)
         if cast is not None:
             describe += f"; the model in {cast} ({precision})"
     else:
@@ -196,10 +206,10 @@ def trace_events(
             "as PyTorch recommends"
         )
     session = Session(
-        objects=(fake_model, fake_opt, fake_inputs),
+        objects=(fake_model, stepped, fake_inputs),
         modules=[("", fake_model)],
         step=step,
-        baseline=_model_baseline(fake_model, fake_opt, fake_inputs),
+        baseline=_model_baseline(fake_model, stepped, fake_inputs),
         device=target.value,
         warmup=1 if training else 0,
         autocast_dtype=None,  # scoped inside the step: run_step wraps forward and loss
@@ -225,6 +235,7 @@ def trace(
     precision: str | None = None,
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> MemoryEstimate:
     """Predict the peak memory of one step by running it on fake tensors.
 
@@ -265,6 +276,9 @@ def trace(
             optimizer step; gradients accumulate across them.
         keep_output: Keep the forward's output referenced through backward, as
             ``outputs = model(**batch); outputs.loss.backward()`` does.
+        optimizer_in_backward: Step each parameter from its post-accumulate-grad hook and
+            free its gradient there, as torchtune's ``optimizer_in_bwd`` does (one
+            optimizer per parameter, of the optimizer's class and settings).
 
     Returns:
         A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
@@ -301,6 +315,7 @@ def trace(
         precision=precision,
         gradient_accumulation_steps=gradient_accumulation_steps,
         keep_output=keep_output,
+        optimizer_in_backward=optimizer_in_backward,
     )
     if device != "cuda":
         return result.estimate

@@ -1,0 +1,192 @@
+"""Any transformers architecture without a closed form: a meta-device pass from its config.
+
+The model is built on the meta device from its config (once per config), run on token
+ids of the asked batch and sequence (`estimate_module`), and the start of backward is
+given the loss's logit gradients; for inference, the KV cache the forward returns is
+reported apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchfit._core.step import Loop, parse_mode
+from torchfit._core.units import DType, parse_dtype
+from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
+from torchfit.memory.catalog.inputs import (
+    DEFAULT_SEQUENCE,
+    example_batch,
+    loss_tokens,
+    sequence_limit,
+)
+from torchfit.memory.modules.peak import estimate_module
+from torchfit.memory.result import MemoryEstimate
+
+__all__ = ["by_meta_pass"]
+
+
+#: Models built on meta for the fallback, by config: `fits` estimates one model many times.
+_BUILT: dict[tuple[str, str], Any] = {}
+_KEEP = 4
+
+
+def _meta_model(config: Any, attention: str) -> Any:
+    """The model built on meta from its config (fp32; the pass casts), once per config."""
+    key = (config.to_json_string(use_diff=False), attention)
+    if key not in _BUILT:
+        if len(_BUILT) >= _KEEP:
+            _BUILT.pop(next(iter(_BUILT)))
+        config = copy.deepcopy(config)
+        if attention == "eager":
+            config._attn_implementation = "eager"  # noqa: SLF001 - how transformers reads it
+        model = instantiate(config, model_class_for(config), torch.float32)
+        # no padding check: it reads token values (DeBERTa, ...), which meta tensors lack;
+        # the pass never shifts labels (decoder ids are given), the only other use of it
+        model.config.pad_token_id = None  # type: ignore[union-attr]
+        _BUILT[key] = model
+    return _BUILT[key]
+
+
+def by_meta_pass(
+    config: Any, *, seq_len: int | None, attention: str, **options: Any
+) -> MemoryEstimate:
+    """Any transformers architecture: a meta-device pass with token ids as its input.
+
+    The pass gives what autograd saves, layer by layer (`estimate_module`). A step whose
+    model computes its loss from ``labels`` also holds, at the start of backward, two
+    logits-sized fp32 gradients (of the log-softmax and of the logits) instead of the
+    model's outputs, which torchfit's step drops before backward: measured with the
+    tracer on BLOOM, Falcon, T5, GPTBigCode, OPT, GPT-NeoX and Gemma 2.
+    """
+    limit = sequence_limit(config)
+    seq = seq_len if seq_len is not None else limit or DEFAULT_SEQUENCE
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
+        raise ValueError(f"seq_len must be a positive integer; got {seq!r}")
+    if limit is not None and seq > limit and not getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"seq_len={seq} is beyond this model's {limit} positions; use seq_len <= {limit}"
+        )
+    model = _meta_model(config, attention)
+    training = parse_mode(options["mode"]).value == "train"
+    batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
+    with experts_on_fake_tensors():
+        found = estimate_module(model, example_inputs=batch, **options)
+    method = (
+        f"method: meta-device pass of {type(model).__name__} built from its config (no closed "
+        f"form for model_type {config.model_type!r}); {seq} tokens per sample"
+    )
+    head = model.get_output_embeddings()
+    tokens = loss_tokens(batch)
+    if training and tokens and head is not None:
+        vocab = int(head.weight.shape[0])
+        kept = (
+            _output_bytes(model, batch, parse_dtype(options["dtype"]))
+            if options["loop"].keep_output
+            else 0
+        )
+        found = _with_loss_gradients(
+            found, 2 * tokens * vocab * FP32, model=model, kept_output=kept, **options
+        )
+    if not training:
+        found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
+    return found.replace(notes=(method, *found.notes))
+
+
+def _cache_apart(
+    found: MemoryEstimate, model: nn.Module, batch: dict[str, Any], dtype: DType
+) -> MemoryEstimate:
+    """Inference: the KV cache the forward returns, as ``kv_cache`` (it was in the output).
+
+    Self-attention keys and values of every decoder layer, and for encoder-decoders the
+    cross-attention ones over the encoder's sequence, as one more meta forward returns
+    them (the model is built in fp32: scaled to the compute dtype).
+    """
+    with torch.no_grad(), experts_on_fake_tensors():
+        output = model(**batch, use_cache=True)
+    cache = getattr(output, "past_key_values", None)
+    leaves = [t for t in _tensors(cache) if t.is_floating_point()]
+    kv = math.ceil(sum(t.numel() for t in leaves) * (2 if dtype.is_quantized else dtype.itemsize))
+    if not kv or kv > found.activations:
+        return found
+    what = (
+        "self- and cross-attention"
+        if getattr(model.config, "is_encoder_decoder", False)
+        else "self-attention"
+    )
+    note = f"inference returns the KV cache of every decoder layer ({what})"
+    return found.replace(
+        activations=found.activations - kv, kv_cache=kv, notes=(*found.notes, note)
+    )
+
+
+def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
+    """Bytes of the floating-point tensors a training forward returns, but the loss.
+
+    One more forward on meta tensors; the model is built in fp32, so sizes are scaled to
+    the compute dtype.
+    """
+    with torch.no_grad(), experts_on_fake_tensors():
+        output = model(**batch)
+    parts = [v for k, v in output.items() if k != "loss"] if isinstance(output, dict) else [output]
+    leaves = [t for part in parts for t in _tensors(part) if t.is_floating_point()]
+    itemsize = 2 if dtype.is_quantized else dtype.itemsize
+    return math.ceil(sum(t.numel() for t in leaves) * itemsize)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside a cache object, list or tuple (transformers' Cache classes too)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in _tensors(item)]
+    if value is None:
+        return []
+    found: list[torch.Tensor] = []
+    for name in ("self_attention_cache", "cross_attention_cache"):
+        found += _tensors(getattr(value, name, None))
+    for layer in getattr(value, "layers", None) or []:
+        found += _tensors([getattr(layer, "keys", None), getattr(layer, "values", None)])
+    return found
+
+
+def _with_loss_gradients(
+    found: MemoryEstimate,
+    loss_grads: int,
+    *,
+    model: nn.Module,
+    kept_output: int,
+    loop: Loop,
+    dtype: str | DType,
+    mixed_precision: bool | None,
+    **_options: Any,
+) -> MemoryEstimate:
+    """The start of backward with the loss's logits gradients, not the model's outputs.
+
+    Beside them: the gradients of earlier micro-batches (accumulated, or zeroed in place)
+    and the output (logits, and the KV cache a model with ``use_cache`` returns) when the
+    caller keeps it through backward.
+    """
+    compute = parse_dtype(dtype)
+    saved = sum(layer.activations for layer in found.layers)
+    kept = 0
+    if loop.gradients_during_forward:
+        mixed = compute.bits == 16 if mixed_precision is None else mixed_precision
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        kept = math.ceil(trainable * (FP32 if mixed else compute.itemsize))
+    output = kept_output if loop.keep_output else 0
+    start = found.replace(
+        gradients=kept,
+        activations=saved,
+        workspace=loss_grads + output,
+        peak_at="start of backward",
+    )
+    if found.peak_at == "start of backward" or start.total > found.total:
+        note = "start of backward: two logits-sized fp32 gradients of the loss"
+        return start.replace(notes=(*found.notes, note))
+    return found
