@@ -31,6 +31,7 @@ from torchfit.memory import (
     cuda_context_bytes,
     current_gpu,
     estimate,
+    measure_cuda_context,
     measure_step,
     to_device,
     trace,
@@ -116,16 +117,14 @@ def _err(predicted: int, real: int) -> str:
 
 
 def _context() -> int:
-    torch.ones(1, device="cuda")  # creates the context
-    free, total = torch.cuda.mem_get_info()
-    real = total - free - torch.cuda.memory_reserved()
+    real = measure_cuda_context()  # creates the context, cuBLAS handle included
     modelled = cuda_context_bytes(cuda_version=torch.version.cuda)
     loading = os.environ.get("CUDA_MODULE_LOADING", "(default: LAZY)")
     print(
         f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
         f"CUDA {torch.version.cuda}, CUDA_MODULE_LOADING={loading}\n\n"
         f"| CUDA context | measured | torchfit | err |\n|---|---|---|---|\n"
-        f"| after the first tensor | {format_bytes(real)} | {format_bytes(modelled)} | "
+        f"| after the first matmul | {format_bytes(real)} | {format_bytes(modelled)} | "
         f"{_err(modelled, real)} |\n"
     )
     return real

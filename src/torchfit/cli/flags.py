@@ -44,7 +44,10 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         help="the job's CUDA version (torch.version.cuda); before 11.7 the context is larger",
     )
     plan.add_argument(
-        "--context", default=None, metavar="SIZE", help="the CUDA context you measured, e.g. 420MiB"
+        "--context",
+        default=None,
+        metavar="SIZE",
+        help="the CUDA context you measured, e.g. 420MiB, or 'measure' (on this machine's GPU)",
     )
     plan.add_argument(
         "--lora-rank", type=int, default=None, metavar="R", help="LoRA rank (PEFT's default 8)"

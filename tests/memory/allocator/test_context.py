@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchfit.memory import MemoryEstimate, cuda_context_bytes, to_device
+from torchfit.memory import MemoryEstimate, cuda_context_bytes, measure_cuda_context, to_device
 from torchfit.memory.allocator.context import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     EAGER_CUDA_CONTEXT_BYTES,
@@ -68,3 +68,47 @@ def test_the_loading_cache_is_named_as_not_counted_only_when_there_are_weights()
     without = to_device(MemoryEstimate(activations=MiB))
     assert any("loading the weights" in note for note in with_weights.notes)
     assert not any("loading the weights" in note for note in without.notes)
+
+
+def test_measuring_the_context_needs_a_gpu_and_says_what_to_pass_instead(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"context_bytes='420MiB'"):
+        measure_cuda_context()
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        to_device(MemoryEstimate(weights=MiB), context_bytes="measure")
+
+
+class _FakeCuda:
+    """torch.cuda as a GPU with 300 MiB used outside the allocator, 20 MiB reserved."""
+
+    def __init__(self):
+        self.devices = []
+
+    def install(self, monkeypatch):
+        import contextlib
+
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(
+            torch.cuda, "device", lambda i: self.devices.append(i) or contextlib.nullcontext()
+        )
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(
+            torch.cuda, "mem_get_info", lambda: (24_000 * MiB - 320 * MiB, 24_000 * MiB)
+        )
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 20 * MiB)
+        real_ones = torch.ones
+        monkeypatch.setattr(torch, "ones", lambda *a, device=None, **k: real_ones(*a, **k))
+
+
+def test_the_measured_context_is_used_device_memory_less_the_allocators(monkeypatch):
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    assert measure_cuda_context() == 300 * MiB
+    assert measure_cuda_context("cuda:1") == 300 * MiB
+    assert fake.devices == [0, 1]
+    placed = to_device(MemoryEstimate(weights=MiB), context_bytes="measure")
+    assert placed.context == 300 * MiB
+    assert any("measured on this machine" in note for note in placed.notes)

@@ -6,6 +6,7 @@ from torchfit.memory.allocator.context import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     EAGER_CUDA_CONTEXT_BYTES,
     cuda_context_bytes,
+    measure_cuda_context,
 )
 from torchfit.memory.allocator.device import (
     DEFAULT_FRAGMENTATION,
@@ -44,6 +45,7 @@ __all__ = [
     "approximate_reserved",
     "cublas_workspace_bytes",
     "cuda_context_bytes",
+    "measure_cuda_context",
     "replay",
     "round_request",
     "segment_size",

@@ -24,6 +24,8 @@ __all__ = [
     "LAZY_LOADING_SINCE",
     "PRE_LAZY_CUDA_CONTEXT_BYTES",
     "cuda_context_bytes",
+    "given_context",
+    "measure_cuda_context",
     "parse_cuda_version",
     "resolve_gpu",
 ]
@@ -171,3 +173,61 @@ def context_and_source(
     if lazy_loading is None or lazy_loading:
         return DEFAULT_CUDA_CONTEXT_BYTES, "default with lazy module loading"
     return EAGER_CUDA_CONTEXT_BYTES, "default with eager module loading"
+
+
+def measure_cuda_context(device: int | str | None = None) -> int:
+    """The CUDA context this process holds on ``device``, measured: for ``context_bytes=``.
+
+    Creates the context if it does not exist yet (one 1-element tensor and a cuBLAS handle
+    by a tiny matmul, as the first training step would), then takes the device's used
+    memory (``torch.cuda.mem_get_info``: total - free, the figure ``nvidia-smi`` shows)
+    less what this process's caching allocator reserved. On a GPU that other processes use
+    too, their memory is counted as well: measure on an idle card.
+
+    Args:
+        device: The CUDA device (index, ``"cuda:1"``); the current one by default.
+
+    Returns:
+        The context's bytes.
+
+    Raises:
+        RuntimeError: No CUDA GPU is visible; pass the figure measured on the training
+            machine instead (``context_bytes=`` or ``--context``).
+
+    Example:
+        >>> measure_cuda_context()  # doctest: +SKIP
+        287047680
+    """
+    import torch  # noqa: PLC0415 - imported on use: this module is light otherwise
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "measure_cuda_context needs a CUDA GPU and none is visible here; measure on the "
+            "training machine, or pass the size (context_bytes='420MiB', --context 420MiB)"
+        )
+    if isinstance(device, int):
+        index = device
+    else:
+        named = None if device is None else torch.device(device).index
+        index = torch.cuda.current_device() if named is None else named
+    with torch.cuda.device(index):
+        a = torch.ones((8, 8), device="cuda")
+        (a @ a).sum().item()  # cuBLAS loads its kernels and its handle
+        del a
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return int(total - free - torch.cuda.memory_reserved())
+
+
+def given_context(value: int | str | None) -> int | None:
+    """A context size the user gave: bytes, a size string, ``"measure"``, or None.
+
+    Example:
+        >>> given_context("420MiB") // 2**20, given_context(None)
+        (420, None)
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "measure":
+        return measure_cuda_context()
+    return parse_bytes(value)

@@ -28,8 +28,12 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from torchfit._core.units import format_bytes, parse_bytes
-from torchfit.memory.allocator.context import context_and_source, resolve_gpu
+from torchfit._core.units import format_bytes
+from torchfit.memory.allocator.context import (
+    context_and_source,
+    given_context,
+    resolve_gpu,
+)
 from torchfit.memory.allocator.rules import (
     K_LARGE_BUFFER,
     K_ROUND_LARGE,
@@ -193,7 +197,8 @@ def to_device(
             workspace size.
         events: ``(key, nbytes)`` allocations and ``(key,)`` frees, in order.
         context_bytes: Override of the CUDA context size (bytes or a string like
-            ``"400MB"``).
+            ``"400MB"``), or ``"measure"`` to measure it on this machine's GPU
+            (`measure_cuda_context`).
         workspace: Add the cuBLAS workspace (False when the estimate already has it).
         fragmentation: See `approximate_reserved` (used without ``events``).
         lazy_loading: See `cuda_context_bytes`.
@@ -258,8 +263,9 @@ def to_device(
             record, lazy_loading=lazy_loading, cuda_version=cuda_version
         )
     else:
-        context = parse_bytes(context_bytes)
-        source = "given"
+        context = given_context(context_bytes) or 0
+        measured = isinstance(context_bytes, str) and context_bytes.strip().lower() == "measure"
+        source = "measured on this machine" if measured else "given"
     notes.append(
         f"CUDA context {format_bytes(context)} ({source}; outside the allocator, "
         "shown by nvidia-smi)"

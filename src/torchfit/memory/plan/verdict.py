@@ -21,8 +21,9 @@ from torchfit._core.step import (
     parse_precision_name,
     resolve_numerics,
 )
-from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
+from torchfit.memory.allocator.context import given_context
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
@@ -275,7 +276,8 @@ def fits(
         optimizer_in_backward: See `estimate`.
         cuda_version: The CUDA version the job runs (``"11.2"``, ``"12.4"``): the CUDA
             context is larger before 11.7 (see `cuda_context_bytes`).
-        context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model.
+        context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model;
+            ``"measure"`` measures it on this machine's GPU (`measure_cuda_context`).
         loss_chunk_size: A loss computed in chunks of this many positions; see `estimate`.
         lora: A ``peft.LoraConfig`` (its r, target_modules and lora_dropout); or
         lora_rank: LoRA rank, and
@@ -334,7 +336,7 @@ def fits(
         keep_output=keep_output,
         optimizer_in_backward=optimizer_in_backward,
         cuda_version=None if cuda_version is None else str(cuda_version),
-        context_bytes=None if context_bytes is None else parse_bytes(context_bytes),
+        context_bytes=given_context(context_bytes),
         loss_chunk_size=loss_chunk_size,
         **_lora_settings(lora, lora_rank, lora_targets, lora_dropout),
         bitsandbytes_version=bitsandbytes_version,
