@@ -187,7 +187,10 @@ def estimate(
     }
     config = resolved.config
     if config is None or not has_closed_form(config):
-        refuse_for_meta_pass(lora=wants_lora, chunked=loss_chunk_size is not None)
+        refuse_for_meta_pass(
+            lora=wants_lora and (config is None or is_vision(config)),
+            chunked=loss_chunk_size is not None,
+        )
     if config is None:  # a plain module: the user's, LeNet/AlexNet, torchvision, timm
         shape = input_shape or resolved.input_shape
         if shape is None or resolved.module is None:
@@ -241,7 +244,22 @@ def estimate(
             f"does not model {', '.join(asked)}; trace the real step instead: "
             "torchfit.memory.trace(build_model(name), batch) (torchfit plan --trace)"
         )
-    return by_meta_pass(config, seq_len=seq_len, attention=attn_implementation, **options)
+    adapters = (
+        {"lora": lora, "rank": lora_rank, "targets": lora_targets, "dropout": lora_dropout}
+        if wants_lora
+        else None
+    )
+    # autocast (the default for 16-bit training) keeps fp32 masters of what trains only
+    mixed = parse_dtype(dtype).bits == 16 if mixed_precision is None else mixed_precision
+    frozen = _base_dtype(config, base_dtype) if wants_lora and mixed else None
+    return by_meta_pass(
+        config,
+        seq_len=seq_len,
+        attention=attn_implementation,
+        adapters=adapters,
+        frozen_dtype=frozen,
+        **options,
+    )
 
 
 def _base_dtype(config: Any, given: str | DType | None) -> DType | None:

@@ -25,6 +25,7 @@ from torchfit.memory.catalog.inputs import (
     loss_tokens,
     sequence_limit,
 )
+from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
@@ -54,9 +55,18 @@ def _meta_model(config: Any, attention: str) -> Any:
 
 
 def by_meta_pass(
-    config: Any, *, seq_len: int | None, attention: str, **options: Any
+    config: Any,
+    *,
+    seq_len: int | None,
+    attention: str,
+    adapters: dict[str, Any] | None = None,
+    frozen_dtype: DType | None = None,
+    **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
+
+    With ``adapters`` (LoRA arguments of `estimate`), PEFT's own layers are added to a copy
+    first (`with_adapters`) and the base is frozen, in ``frozen_dtype`` when given.
 
     The pass gives what autograd saves, layer by layer (`estimate_module`). A step whose
     model computes its loss from ``labels`` also holds, at the start of backward, two
@@ -73,14 +83,25 @@ def by_meta_pass(
             f"seq_len={seq} is beyond this model's {limit} positions; use seq_len <= {limit}"
         )
     model = _meta_model(config, attention)
+    if adapters is not None:
+        model = with_adapters(model, **adapters)
     training = parse_mode(options["mode"]).value == "train"
     batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
     with experts_on_fake_tensors():
-        found = estimate_module(model, example_inputs=batch, **options)
+        found = estimate_module(model, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
+    built = type(_meta_model(config, attention)).__name__
     method = (
-        f"method: meta-device pass of {type(model).__name__} built from its config (no closed "
+        f"method: meta-device pass of {built} built from its config (no closed "
         f"form for model_type {config.model_type!r}); {seq} tokens per sample"
     )
+    if adapters is not None:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        found = found.replace(
+            notes=(
+                *found.notes,
+                f"LoRA adapters placed by PEFT: {trainable:,} trainable parameters",
+            )
+        )
     head = model.get_output_embeddings()
     tokens = loss_tokens(batch)
     if training and tokens and head is not None:

@@ -9,6 +9,7 @@ the peak of live tensors in a no-grad forward, with each op's scratch at the op.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -23,6 +24,7 @@ from torchfit.memory.analytic.formulas import FP32, model_state_bytes
 from torchfit.memory.kernels.calls import scratch_of
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.layout import cpu_layout
+from torchfit.memory.modules.adapters import frozen_base_weights
 from torchfit.memory.modules.live import LiveBytes
 from torchfit.memory.modules.meta import sdpa_as_on_device, split_inputs, training_flags, twins
 from torchfit.memory.modules.saved import LayerRecord, activation_bytes
@@ -135,6 +137,7 @@ def estimate_module(
     device: str = "cuda",
     example_inputs: object = None,
     loop: Loop | None = None,
+    frozen_dtype: str | DType | None = None,
 ) -> MemoryEstimate:
     """`estimate` for any ``nn.Module`` taking one float tensor of ``(batch, *input_shape)``.
 
@@ -152,6 +155,9 @@ def estimate_module(
     accumulated or kept gradients are alive through the whole sweep, a kept output stays
     until backward ends, and with the optimizer step in backward each layer's gradients
     are freed as soon as they are stepped, so there is no optimizer-step peak.
+
+    ``frozen_dtype``: the dtype frozen parameters stay in (a LoRA base under mixed
+    precision keeps its checkpoint's dtype); by default that of the trained ones.
     """
     loop = Loop(keep_output=False) if loop is None else loop
     compute = parse_dtype(dtype)
@@ -178,6 +184,12 @@ def estimate_module(
         training=training,
         num_tensors=sum(1 for p in model.parameters() if p.requires_grad),
     )
+    if frozen_dtype is not None and trainable < params:
+        master = DType.FP32 if mixed and compute.bits == 16 else compute
+        base = parse_dtype(frozen_dtype)
+        weights = frozen_base_weights(model, trainable=master, frozen=base)
+        note = f"{states.note}; the frozen base in {base.value}"
+        states = dataclasses.replace(states, weights=weights, note=note)
     inputs = report.input_bytes
     if not training:
         return MemoryEstimate(

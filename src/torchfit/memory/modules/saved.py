@@ -343,9 +343,13 @@ def _records(
                 saved=sum(size for size, _ in items),
                 input_bytes=0 if row is None else row["in"],
                 output_bytes=0 if row is None else row["out"],
-                param_bytes=0
+                param_bytes=0  # of the parameters that get a gradient (not a frozen base)
                 if module is None
-                else sum(_nbytes(params[f"{name}.{p}"]) for p, _ in module.named_parameters()),
+                else sum(
+                    _nbytes(params[f"{name}.{p}"])
+                    for p, _ in module.named_parameters()
+                    if params[f"{name}.{p}"].requires_grad
+                ),
                 detail=", ".join(sorted({what for _, what in items})),
                 input_requires_grad=True if row is None else row.get("grad", True),
                 input_shape=() if row is None else row.get("shape", ()),
