@@ -110,3 +110,13 @@ def test_the_command_line_refuses_contradictions_in_one_line(capsys):
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "computes in 16 bits" in err
+
+
+def test_a_training_plan_says_what_it_does_not_model():
+    from torchfit.memory.plan.verdict import NOT_MODELLED
+
+    trained = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64)
+    served = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64, mode="inference")
+    assert NOT_MODELLED in trained.estimate.notes
+    assert "torch.compile" in NOT_MODELLED
+    assert NOT_MODELLED not in served.estimate.notes

@@ -113,7 +113,17 @@ def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimat
     single = estimate(model, device="cuda", **settings.kwargs())
     if settings.strategy is not None and settings.mode == "train":
         single = _per_rank(model, settings, single)
-    return to_device(single, gpu=card, **settings.device())
+    placed = to_device(single, gpu=card, **settings.device())
+    if settings.mode != "train":
+        return placed
+    return placed.replace(notes=(*placed.notes, NOT_MODELLED))
+
+
+#: What a training plan cannot see in the step it plans (each changes the peak).
+NOT_MODELLED = (
+    "not modelled: torch.compile (it fuses ops and frees differently), activations "
+    "offloaded to the CPU, fused linear cross-entropy (Liger)"
+)
 
 
 def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
