@@ -15,6 +15,7 @@ Run: python benchmarks/published.py            (markdown tables, about a minute)
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 import statistics
@@ -64,7 +65,27 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16": {"dtype": "bf16", "mixed_precision": False},
     "bf16-true + bnb.nf4 base": {"dtype": "nf4", "precision": "bf16-true", "double_quant": False},
     "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true"},
-    "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {"dtype": "nf4"},
+    # load_in_4bit=True alone: BitsAndBytesConfig's defaults, fp4 (4 bits + one fp32 absmax
+    # per 64 weights, the same bytes as nf4) without double quantization
+    "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {
+        "dtype": "nf4",
+        "double_quant": False,
+    },
+    # LitGPT's generate/base.py --quantize bnb.nf4 / bnb.nf4-dq: the weights of every
+    # block Linear in 4 bits, computed in bf16; the head and the embedding stay bf16
+    "bf16-true + bnb.nf4 weights": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "double_quant": False,
+    },
+    "bf16-true + bnb.nf4-dq weights": {"dtype": "nf4", "precision": "bf16-true"},
+    # torchao's NF4Tensor (torchtune's QLoRA base): 4-bit codes, an int8 scaler per block of
+    # 64 and one bf16 factor per 256 scalers: 4 + 8/64 + 16/16384 bits per weight, within
+    # 16 bits per 16384 weights of bitsandbytes' double-quantized nf4 (fp32 factor), so
+    # torchfit's nf4 with double_quant=True counts its bytes
+    "bf16-true + nf4 base": {"dtype": "nf4", "precision": "bf16-true"},
+    "bf16-true + nf4 base (torchao)": {"dtype": "nf4", "precision": "bf16-true"},
+    "bf16-true + nf4 base (torchao NF4Tensor)": {"dtype": "nf4", "precision": "bf16-true"},
     "int8 (bitsandbytes LLM.int8, load_in_8bit=True)": {"dtype": "int8"},
 }
 
@@ -102,6 +123,9 @@ LOOPS: dict[str, dict[str, bool]] = {
     "torchtune": {"set_to_none": True, "keep_output": False},
     "plain PyTorch": {"set_to_none": True, "keep_output": True},
     "Lightning Fabric": {"set_to_none": True, "keep_output": True},
+    # PEFT's method_comparison/MetaMathQA/run.py @ 5d602fd: optimizer.zero_grad() (torch 2's
+    # set_to_none=True), then `outputs = model(**batch)` stays in scope through backward
+    "PEFT 0.19": {"set_to_none": True, "keep_output": True},
 }
 
 #: Which torchfit figure a published quantity is compared with.
@@ -111,6 +135,24 @@ QUANTITY = {
     "active_bytes.all.peak": "total",
     "max_memory_reserved": "reserved",
 }
+
+
+#: The publications the cases come from, by the start of their citation: one repository can
+#: hold several independent measurements (another author, year, script and machine).
+SOURCES = {
+    "huggingface/transformers docs/source/en/perf_train_gpu_one": "HF single-GPU training guide",
+    "huggingface/transformers docs/source/en/llm_tutorial_optimization": "HF LLM inference guide",
+    "Lightning-AI/litgpt tutorials/resource-tables": "Lit-GPT resource tables",
+    "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
+}
+
+
+def source_of(case: published.Case) -> str:
+    """The publication ``case`` comes from: a `SOURCES` name, else its repository."""
+    return next(
+        (name for start, name in SOURCES.items() if case.source.startswith(start)),
+        case.source.split(" ")[0],
+    )
 
 
 class NotExpressible(Exception):  # noqa: N818 - a reason, not a failure
@@ -136,7 +178,21 @@ class Row:
 
 
 #: LoRA targets as the sources name them -> the names torchfit takes.
-_TARGETS = ("query", "key", "value", "projection", "output_proj", "q_proj", "v_proj", "mlp")
+_TARGETS = (
+    "query",
+    "key",
+    "value",
+    "projection",
+    "output_proj",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "up_proj",
+    "gate_proj",
+    "down_proj",
+    "mlp",
+    "head",
+)
 
 
 def _lora(case: published.Case) -> dict[str, Any]:
@@ -145,9 +201,9 @@ def _lora(case: published.Case) -> dict[str, Any]:
     rank = re.search(r"r=(\d+)", text)
     if rank is None:
         raise NotExpressible(f"LoRA rank not readable from {text!r}")
-    if "head" in text:
-        raise NotExpressible("LoRA on the output head")
-    targets = [name for name in _TARGETS if re.search(rf"\b{name}\b", text)]
+    if "DoRA" in text:
+        raise NotExpressible("DoRA (its magnitude vector and the weight norm it computes)")
+    targets = [name for name in _TARGETS if re.search(rf"\b{name}\b", text, re.IGNORECASE)]
     if not targets:
         raise NotExpressible(f"LoRA targets not readable from {text!r}")
     dropout = re.search(r"dropout (\d+(?:\.\d+)?)", text)
@@ -158,20 +214,42 @@ def _lora(case: published.Case) -> dict[str, Any]:
     }
 
 
-def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
-    """The catalog model and `estimate` keywords for ``case``; NotExpressible if none."""
-    model = MODELS.get(case.model) or STAND_INS.get(case.model) or case.model
+#: Frameworks whose own model class never ties the output head to the token embedding:
+#: LitGPT's ``GPT`` has separate ``transformer.wte`` and ``lm_head`` parameters, and
+#: litgpt/scripts/convert_hf_checkpoint.py (@ 2685705, lines 205-206 and the other
+#: copy_weights_* functions) copies ``wte`` into ``lm_head`` when the Hugging Face
+#: checkpoint has none (Gemma, Llama 3.2): the run holds and trains two matrices.
+UNTIED = ("Lit-GPT", "litgpt")
+
+
+def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
+    """The model (a catalog name or a config) and `estimate` keywords for ``case``.
+
+    Raises:
+        NotExpressible: something of the setup torchfit cannot model, with the reason.
+    """
+    model: Any = MODELS.get(case.model) or STAND_INS.get(case.model) or case.model
     try:
-        resolve_model(model)
+        resolved = resolve_model(model)
     except (OSError, ValueError) as error:
         raise NotExpressible(f"model {case.model!r}: {str(error).split(';')[0]}") from None
+    config = resolved.config
+    untied = (case.framework or "").startswith(UNTIED)
+    if untied and config is not None and getattr(config, "tie_word_embeddings", False):
+        model = copy.deepcopy(config)
+        model.tie_word_embeddings = False
     if case.precision not in PRECISIONS:
         raise NotExpressible(f"precision {case.precision!r}")
     kwargs: dict[str, Any] = dict(PRECISIONS[case.precision])
     kwargs["batch_size"] = case.batch_size or 1
-    if case.seq_len is None:
+    if case.seq_len is not None:
+        kwargs["seq_len"] = case.seq_len
+    elif case.measured == "oom":
+        # the length is not given, but no length can use less than one token: if that
+        # run does not fit either, the out-of-memory verdict holds whatever it was
+        kwargs["seq_len"] = 1
+    else:
         raise NotExpressible("sequence length not given")
-    kwargs["seq_len"] = case.seq_len
     if case.mode == "inference":
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
@@ -224,6 +302,8 @@ def compare(case: published.Case, *, heldout: bool) -> Row:
     device: MemoryEstimate = to_device(found, gpu=card, cuda_version=cuda)
     if case.measured in {"fits", "oom"}:
         fits = device.device_total <= card.memory
+        if fits and case.seq_len is None:
+            return Row(case, heldout, reason="sequence length not given (one token fits)")
         return Row(case, heldout, device.device_total, "fits" if fits else "oom")
     quantity = QUANTITY.get(case.measured)
     if quantity is None:
@@ -270,7 +350,7 @@ def _section(title: str, rows: list[Row]) -> list[str]:
     lines = [f"## {title}", "", *_summary(rows), ""]
     by_source: dict[str, list[Row]] = {}
     for row in rows:
-        by_source.setdefault(row.case.source.split(" ")[0], []).append(row)
+        by_source.setdefault(source_of(row.case), []).append(row)
     for source, group in sorted(by_source.items()):
         lines += [f"### {source}", "", *_summary(group), "", *_table(group), ""]
     verdicts = [row for row in rows if row.verdict is not None]
