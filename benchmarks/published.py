@@ -27,10 +27,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import published_cases as published
+import torch
+from published_models import rasbt_step, torchvision_vit_l_16
 
 from torchfit.memory import estimate, gpu, to_device
 from torchfit.memory.catalog.resolve import resolve_model
-from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.tracing.result import Trace
+from torchfit.memory.tracing.user_step import trace_step
 
 #: Cards the sources name, as torchfit's catalog knows them.
 CARDS = {
@@ -50,11 +53,12 @@ MODELS = {
     "meta-llama/Meta-Llama-3-8B-Instruct (LoRA-finetuned, merged)": "llama-3-8b",
 }
 
-#: Models torchfit cannot build here, replaced by one of the same shapes but another
-#: implementation: the rows are reported apart. Hugging Face's ViT-L/16 stands in for
-#: torchvision's vit_l_16 (patch 16, 24 layers, width 1024, MLP 4096, 16 heads), whose
-#: blocks use nn.MultiheadAttention (torchvision does not install beside this torch).
-STAND_INS = {"torchvision vit_l_16 (10-class head)": "vit-large"}
+#: Models the catalog cannot build here, rebuilt from their library's source as plain
+#: modules (benchmarks/published_models.py): torchvision's vit_l_16, whose blocks use
+#: nn.MultiheadAttention (torchvision does not install beside this torch).
+MODULES: dict[str, Callable[[], Any]] = {
+    "torchvision vit_l_16 (10-class head)": lambda: torchvision_vit_l_16(classes=10),
+}
 
 #: Precision as the sources write it -> estimate() keywords.
 PRECISIONS: dict[str, dict[str, Any]] = {
@@ -115,14 +119,13 @@ OPTIMIZERS = {
 #:   default set_to_none=False, and computes the loss in ``compute_loss`` (outputs dropped).
 #: - Lit-GPT's finetune/lora.py keeps ``logits`` in scope across ``fabric.backward``.
 #: - torchtune's recipes ``del logits`` before backward.
-#: - A plain PyTorch / Fabric loop keeps ``outputs`` in scope (rasbt/pytorch-memory-optim).
+#: - rasbt/pytorch-memory-optim's plain PyTorch / Fabric loops are traced as written
+#:   (published_models.rasbt_step): zero_grad between forward and backward.
 LOOPS: dict[str, dict[str, bool]] = {
     "transformers Trainer": {"set_to_none": False, "keep_output": False},
     "Lit-GPT": {"set_to_none": True, "keep_output": True},
     "litgpt": {"set_to_none": True, "keep_output": True},
     "torchtune": {"set_to_none": True, "keep_output": False},
-    "plain PyTorch": {"set_to_none": True, "keep_output": True},
-    "Lightning Fabric": {"set_to_none": True, "keep_output": True},
     # PEFT's method_comparison/MetaMathQA/run.py @ 5d602fd: optimizer.zero_grad() (torch 2's
     # set_to_none=True), then `outputs = model(**batch)` stays in scope through backward
     "PEFT 0.19": {"set_to_none": True, "keep_output": True},
@@ -144,6 +147,7 @@ SOURCES = {
     "huggingface/transformers docs/source/en/llm_tutorial_optimization": "HF LLM inference guide",
     "Lightning-AI/litgpt tutorials/resource-tables": "Lit-GPT resource tables",
     "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
+    "Lightning-AI/litgpt tutorials/quantize": "Lit-GPT quantization tutorial",
 }
 
 
@@ -228,7 +232,7 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
     Raises:
         NotExpressible: something of the setup torchfit cannot model, with the reason.
     """
-    model: Any = MODELS.get(case.model) or STAND_INS.get(case.model) or case.model
+    model: Any = MODELS.get(case.model) or case.model
     try:
         resolved = resolve_model(model)
     except (OSError, ValueError) as error:
@@ -256,6 +260,29 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
         return model, kwargs
     _training(case, kwargs)
     return model, kwargs
+
+
+#: The dtype of a traced run's model (Fabric's "bf16-true" converts the model and inputs).
+_TRACED_DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16}
+
+
+def _traced(case: published.Case) -> Trace:
+    """``case``'s own loop traced on fake tensors (a model in `MODULES`)."""
+    dtype = _TRACED_DTYPES.get(str(case.precision))
+    if dtype is None:  # trace_step autocasts with torch.autocast("cpu"), not CUDA's op lists
+        raise NotExpressible(f"precision {case.precision!r} in a traced loop (CUDA autocast)")
+    model = MODULES[case.model]().to(dtype)
+    parameters = model.parameters()
+    optimizer = (
+        torch.optim.Adam(parameters, lr=5e-5)  # the scripts' Adam(lr=5e-5), SGD(lr=0.01)
+        if case.optimizer == "adam"
+        else torch.optim.SGD(parameters, lr=0.01)
+    )
+    batch, side = case.batch_size or 1, case.seq_len or 224
+    images = torch.zeros(batch, 3, side, side, dtype=dtype, device="meta")
+    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    step = rasbt_step(accumulation=case.gradient_accumulation_steps or 1)
+    return trace_step(step, model, optimizer, images, labels, device="cuda", warmup=1)
 
 
 def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
@@ -289,17 +316,24 @@ def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
 def compare(case: published.Case, *, heldout: bool) -> Row:
     """Estimate ``case`` and read the figure its source measured."""
     try:
-        model, kwargs = setting(case)
+        if case.model in MODULES:
+            trace = _traced(case)
+        else:
+            model, kwargs = setting(case)
     except NotExpressible as reason:
         return Row(case, heldout, reason=str(reason))
     card = gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
     version = re.search(r"CUDA (\d+\.\d+)", case.cuda_torch or "")
     cuda = None if version is None else version.group(1)
-    try:
-        found = estimate(model, **kwargs)
-    except ValueError as error:  # a setting torchfit refuses for this model, with the reason
-        return Row(case, heldout, reason=str(error).split(";")[0])
-    device: MemoryEstimate = to_device(found, gpu=card, cuda_version=cuda)
+    if case.model in MODULES:  # traced: the exact allocation sequence gives `reserved`
+        found = trace.estimate
+        device = to_device(found, gpu=card, cuda_version=cuda, events=trace.events)
+    else:
+        try:
+            found = estimate(model, **kwargs)
+        except ValueError as error:  # a setting torchfit refuses for this model
+            return Row(case, heldout, reason=str(error).split(";")[0])
+        device = to_device(found, gpu=card, cuda_version=cuda)
     if case.measured in {"fits", "oom"}:
         fits = device.device_total <= card.memory
         if fits and case.seq_len is None:
@@ -371,13 +405,11 @@ def _section(title: str, rows: list[Row]) -> list[str]:
 
 
 def report(rows: list[Row]) -> str:
-    """Markdown: the tuning set, the held-out set, stand-ins and ambiguous cases apart."""
+    """Markdown: the tuning set, the held-out set, and ambiguous cases apart."""
     done = [row for row in rows if not row.reason]
-    plain = [row for row in done if not row.case.ambiguous and row.case.model not in STAND_INS]
+    plain = [row for row in done if not row.case.ambiguous]
     lines = _section("Fully specified cases", [row for row in plain if not row.heldout])
     lines += _section("Held-out cases (nothing was tuned on them)", [r for r in plain if r.heldout])
-    stand_ins = [row for row in done if row.case.model in STAND_INS and not row.case.ambiguous]
-    lines += _section("Stand-in implementations (reported apart)", stand_ins)
     lines += _section("Ambiguous setups (reported apart)", [r for r in done if r.case.ambiguous])
     skipped = [row for row in rows if row.reason]
     lines += ["## Not expressible yet", "", "| case | why |", "|---|---|"]
