@@ -75,8 +75,8 @@ PRECISIONS: dict[str, dict[str, Any]] = {
         "dtype": "nf4",
         "double_quant": False,
     },
-    # LitGPT's generate/base.py --quantize bnb.nf4 / bnb.nf4-dq: the weights of every
-    # block Linear in 4 bits, computed in bf16; the head and the embedding stay bf16
+    # LitGPT's generate/base.py --quantize bnb.nf4 / bnb.nf4-dq: every Linear in 4 bits (the
+    # head too, see LITGPT), computed in bf16; the embedding and the norms stay bf16
     "bf16-true + bnb.nf4 weights": {
         "dtype": "nf4",
         "precision": "bf16-true",
@@ -87,6 +87,16 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     # 64 and one bf16 factor per 256 scalers: 4 + 8/64 + 16/16384 bits per weight, within
     # 16 bits per 16384 weights of bitsandbytes' double-quantized nf4 (fp32 factor), so
     # torchfit's nf4 with double_quant=True counts its bytes
+    "bf16-true + bnb.nf4 weights (Fabric, every Linear)": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "double_quant": False,
+    },
+    "bf16-true + bnb.nf4-dq weights (Fabric, every Linear)": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+    },
+    "16-true + bnb.int8 weights (Fabric, every Linear)": {"dtype": "int8", "precision": "16-true"},
     "bf16-true + nf4 base": {"dtype": "nf4", "precision": "bf16-true"},
     "bf16-true + nf4 base (torchao)": {"dtype": "nf4", "precision": "bf16-true"},
     "bf16-true + nf4 base (torchao NF4Tensor)": {"dtype": "nf4", "precision": "bf16-true"},
@@ -227,12 +237,17 @@ def _lora(case: published.Case) -> dict[str, Any]:
     }
 
 
-#: Frameworks whose own model class never ties the output head to the token embedding:
-#: LitGPT's ``GPT`` has separate ``transformer.wte`` and ``lm_head`` parameters, and
-#: litgpt/scripts/convert_hf_checkpoint.py (@ 2685705, lines 205-206 and the other
-#: copy_weights_* functions) copies ``wte`` into ``lm_head`` when the Hugging Face
-#: checkpoint has none (Gemma, Llama 3.2): the run holds and trains two matrices.
-UNTIED = ("Lit-GPT", "litgpt")
+#: Lit-GPT / LitGPT runs, whose own model and quantization differ from transformers':
+#: - LitGPT's ``GPT`` never ties the output head to the token embedding: it has separate
+#:   ``transformer.wte`` and ``lm_head`` parameters, and
+#:   litgpt/scripts/convert_hf_checkpoint.py (@ 2685705, lines 205-206 and the other
+#:   copy_weights_* functions) copies ``wte`` into ``lm_head`` when the Hugging Face
+#:   checkpoint has none (Gemma, Llama 3.2): the run holds and trains two matrices.
+#: - ``--quantize bnb.*`` goes through Fabric's ``BitsandbytesPrecision(mode, dtype)``
+#:   (finetune/lora.py and generate/base.py @ 8641822 and @ 2685705), whose
+#:   ``convert_module`` replaces every ``torch.nn.Linear`` not in ``ignore_modules`` (none
+#:   given): the LM head is quantized too, unlike transformers' default skip list.
+LITGPT = ("Lit-GPT", "litgpt")
 
 
 def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
@@ -247,13 +262,15 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
     except (OSError, ValueError) as error:
         raise NotExpressible(f"model {case.model!r}: {str(error).split(';')[0]}") from None
     config = resolved.config
-    untied = (case.framework or "").startswith(UNTIED)
-    if untied and config is not None and getattr(config, "tie_word_embeddings", False):
+    litgpt = (case.framework or "").startswith(LITGPT)
+    if litgpt and config is not None and getattr(config, "tie_word_embeddings", False):
         model = copy.deepcopy(config)
         model.tie_word_embeddings = False
     if case.precision not in PRECISIONS:
         raise NotExpressible(f"precision {case.precision!r}")
     kwargs: dict[str, Any] = dict(PRECISIONS[case.precision])
+    if litgpt and kwargs.get("dtype") in {"nf4", "int8"}:
+        kwargs["quantize_head"] = True
     kwargs["batch_size"] = case.batch_size or 1
     if case.seq_len is not None:
         kwargs["seq_len"] = case.seq_len
