@@ -132,3 +132,11 @@ def test_rasbt_accumulation_steps_then_clears():
     published_models.rasbt_step(accumulation=4)(net, opt, torch.randn(2, 4), torch.tensor([0, 1]))
     assert seen == [False, True, True, True]
     assert net.weight.grad is None
+
+
+def test_litgpt_quantizes_the_head_and_transformers_does_not():
+    # Fabric's BitsandbytesPrecision converts every nn.Linear, the LM head included
+    _, litgpt = published.setting(case("lg_llama2_7b_qlora_mb1"))
+    assert litgpt["quantize_head"] is True
+    _, hf = published.setting(case("hf_octocoder_4bit"))
+    assert "quantize_head" not in hf
