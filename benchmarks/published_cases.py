@@ -1901,6 +1901,7 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
@@ -1929,12 +1930,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true + bnb.nf4 weights",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. Single-GPU inference rows of the same table"
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "Single-GPU inference rows of the same table"
             " (A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "
             "generate/base.py at 8641822 defaults to prompt 'Hello, my name is', "
             "max_new_tokens=50, batch 1, KV cache sized to prompt + new tokens. 'Max GPU RAM' = "
@@ -1957,12 +1961,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. Single-GPU inference rows of the same table"
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "Single-GPU inference rows of the same table"
             " (A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "
             "generate/base.py at 8641822 defaults to prompt 'Hello, my name is', "
             "max_new_tokens=50, batch 1, KV cache sized to prompt + new tokens. 'Max GPU RAM' = "
@@ -2042,12 +2049,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true + bnb.nf4-dq weights",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. The plain bnb.nf4 row of the same model "
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "The plain bnb.nf4 row of the same model "
             "failed with 'CUDA error: CUBLAS_STATUS_NOT_INITIALIZED' (likely memory, not "
             "recorded as a verdict). Single-GPU inference rows of the same table "
             "(A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "

@@ -83,7 +83,7 @@ def test_an_oom_verdict_of_unstated_length_is_decided_at_one_token():
     _, kwargs = published.setting(case("lg_inf_codellama34b_bf16_oom"))
     assert kwargs["seq_len"] == 1
     with pytest.raises(published.NotExpressible, match="sequence length"):
-        published.setting(case("lg_inf_llama2_7b_bf16"))  # a figure needs its length
+        published.setting(case("tt_3b_baseline"))  # a figure needs its length
 
 
 def test_dora_is_not_read_as_lora():
