@@ -15,6 +15,7 @@ Run: python benchmarks/published.py            (markdown tables, about a minute)
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 import statistics
@@ -26,10 +27,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import published_cases as published
+import torch
+from published_models import rasbt_step, torchvision_vit_l_16
 
-from torchfit.memory import estimate, gpu, to_device
+from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, to_device
 from torchfit.memory.catalog.resolve import resolve_model
-from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.tracing.result import Trace
+from torchfit.memory.tracing.user_step import trace_step
 
 #: Cards the sources name, as torchfit's catalog knows them.
 CARDS = {
@@ -49,11 +53,12 @@ MODELS = {
     "meta-llama/Meta-Llama-3-8B-Instruct (LoRA-finetuned, merged)": "llama-3-8b",
 }
 
-#: Models torchfit cannot build here, replaced by one of the same shapes but another
-#: implementation: the rows are reported apart. Hugging Face's ViT-L/16 stands in for
-#: torchvision's vit_l_16 (patch 16, 24 layers, width 1024, MLP 4096, 16 heads), whose
-#: blocks use nn.MultiheadAttention (torchvision does not install beside this torch).
-STAND_INS = {"torchvision vit_l_16 (10-class head)": "vit-large"}
+#: Models the catalog cannot build here, rebuilt from their library's source as plain
+#: modules (benchmarks/published_models.py): torchvision's vit_l_16, whose blocks use
+#: nn.MultiheadAttention (torchvision does not install beside this torch).
+MODULES: dict[str, Callable[[], Any]] = {
+    "torchvision vit_l_16 (10-class head)": lambda: torchvision_vit_l_16(classes=10),
+}
 
 #: Precision as the sources write it -> estimate() keywords.
 PRECISIONS: dict[str, dict[str, Any]] = {
@@ -64,7 +69,37 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16": {"dtype": "bf16", "mixed_precision": False},
     "bf16-true + bnb.nf4 base": {"dtype": "nf4", "precision": "bf16-true", "double_quant": False},
     "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true"},
-    "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {"dtype": "nf4"},
+    # load_in_4bit=True alone: BitsAndBytesConfig's defaults, fp4 (4 bits + one fp32 absmax
+    # per 64 weights, the same bytes as nf4) without double quantization
+    "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {
+        "dtype": "nf4",
+        "double_quant": False,
+    },
+    # LitGPT's generate/base.py --quantize bnb.nf4 / bnb.nf4-dq: every Linear in 4 bits (the
+    # head too, see LITGPT), computed in bf16; the embedding and the norms stay bf16
+    "bf16-true + bnb.nf4 weights": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "double_quant": False,
+    },
+    "bf16-true + bnb.nf4-dq weights": {"dtype": "nf4", "precision": "bf16-true"},
+    # torchao's NF4Tensor (torchtune's QLoRA base): 4-bit codes, an int8 scaler per block of
+    # 64 and one bf16 factor per 256 scalers: 4 + 8/64 + 16/16384 bits per weight, within
+    # 16 bits per 16384 weights of bitsandbytes' double-quantized nf4 (fp32 factor), so
+    # torchfit's nf4 with double_quant=True counts its bytes
+    "bf16-true + bnb.nf4 weights (Fabric, every Linear)": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "double_quant": False,
+    },
+    "bf16-true + bnb.nf4-dq weights (Fabric, every Linear)": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+    },
+    "16-true + bnb.int8 weights (Fabric, every Linear)": {"dtype": "int8", "precision": "16-true"},
+    "bf16-true + nf4 base": {"dtype": "nf4", "precision": "bf16-true"},
+    "bf16-true + nf4 base (torchao)": {"dtype": "nf4", "precision": "bf16-true"},
+    "bf16-true + nf4 base (torchao NF4Tensor)": {"dtype": "nf4", "precision": "bf16-true"},
     "int8 (bitsandbytes LLM.int8, load_in_8bit=True)": {"dtype": "int8"},
 }
 
@@ -94,14 +129,16 @@ OPTIMIZERS = {
 #:   default set_to_none=False, and computes the loss in ``compute_loss`` (outputs dropped).
 #: - Lit-GPT's finetune/lora.py keeps ``logits`` in scope across ``fabric.backward``.
 #: - torchtune's recipes ``del logits`` before backward.
-#: - A plain PyTorch / Fabric loop keeps ``outputs`` in scope (rasbt/pytorch-memory-optim).
+#: - rasbt/pytorch-memory-optim's plain PyTorch / Fabric loops are traced as written
+#:   (published_models.rasbt_step): zero_grad between forward and backward.
 LOOPS: dict[str, dict[str, bool]] = {
     "transformers Trainer": {"set_to_none": False, "keep_output": False},
     "Lit-GPT": {"set_to_none": True, "keep_output": True},
     "litgpt": {"set_to_none": True, "keep_output": True},
     "torchtune": {"set_to_none": True, "keep_output": False},
-    "plain PyTorch": {"set_to_none": True, "keep_output": True},
-    "Lightning Fabric": {"set_to_none": True, "keep_output": True},
+    # PEFT's method_comparison/MetaMathQA/run.py @ 5d602fd: optimizer.zero_grad() (torch 2's
+    # set_to_none=True), then `outputs = model(**batch)` stays in scope through backward
+    "PEFT 0.19": {"set_to_none": True, "keep_output": True},
 }
 
 #: Which torchfit figure a published quantity is compared with.
@@ -110,6 +147,34 @@ QUANTITY = {
     "max_memory_allocated": "total",
     "active_bytes.all.peak": "total",
     "max_memory_reserved": "reserved",
+}
+
+
+#: The publications the cases come from, by the start of their citation: one repository can
+#: hold several independent measurements (another author, year, script and machine).
+SOURCES = {
+    "huggingface/transformers docs/source/en/perf_train_gpu_one": "HF single-GPU training guide",
+    "huggingface/transformers docs/source/en/llm_tutorial_optimization": "HF LLM inference guide",
+    "Lightning-AI/litgpt tutorials/resource-tables": "Lit-GPT resource tables",
+    "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
+    "Lightning-AI/litgpt tutorials/quantize": "Lit-GPT quantization tutorial",
+}
+
+
+def source_of(case: published.Case) -> str:
+    """The publication ``case`` comes from: a `SOURCES` name, else its repository."""
+    return next(
+        (name for start, name in SOURCES.items() if case.source.startswith(start)),
+        case.source.split(" ")[0],
+    )
+
+
+#: Figures torchfit's own constants were set from: comparing with them tests nothing.
+CALIBRATION = {
+    "hf_cuda_context_v100": (
+        "calibration: torchfit's pre-lazy-loading CUDA context "
+        "(allocator/context.py, PRE_LAZY_CUDA_CONTEXT_BYTES) is this figure less 2 MiB"
+    ),
 }
 
 
@@ -136,7 +201,21 @@ class Row:
 
 
 #: LoRA targets as the sources name them -> the names torchfit takes.
-_TARGETS = ("query", "key", "value", "projection", "output_proj", "q_proj", "v_proj", "mlp")
+_TARGETS = (
+    "query",
+    "key",
+    "value",
+    "projection",
+    "output_proj",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "up_proj",
+    "gate_proj",
+    "down_proj",
+    "mlp",
+    "head",
+)
 
 
 def _lora(case: published.Case) -> dict[str, Any]:
@@ -145,9 +224,9 @@ def _lora(case: published.Case) -> dict[str, Any]:
     rank = re.search(r"r=(\d+)", text)
     if rank is None:
         raise NotExpressible(f"LoRA rank not readable from {text!r}")
-    if "head" in text:
-        raise NotExpressible("LoRA on the output head")
-    targets = [name for name in _TARGETS if re.search(rf"\b{name}\b", text)]
+    if "DoRA" in text:
+        raise NotExpressible("DoRA (its magnitude vector and the weight norm it computes)")
+    targets = [name for name in _TARGETS if re.search(rf"\b{name}\b", text, re.IGNORECASE)]
     if not targets:
         raise NotExpressible(f"LoRA targets not readable from {text!r}")
     dropout = re.search(r"dropout (\d+(?:\.\d+)?)", text)
@@ -158,26 +237,78 @@ def _lora(case: published.Case) -> dict[str, Any]:
     }
 
 
-def setting(case: published.Case) -> tuple[str, dict[str, Any]]:
-    """The catalog model and `estimate` keywords for ``case``; NotExpressible if none."""
-    model = MODELS.get(case.model) or STAND_INS.get(case.model) or case.model
+#: Lit-GPT / LitGPT runs, whose own model and quantization differ from transformers':
+#: - LitGPT's ``GPT`` never ties the output head to the token embedding: it has separate
+#:   ``transformer.wte`` and ``lm_head`` parameters, and
+#:   litgpt/scripts/convert_hf_checkpoint.py (@ 2685705, lines 205-206 and the other
+#:   copy_weights_* functions) copies ``wte`` into ``lm_head`` when the Hugging Face
+#:   checkpoint has none (Gemma, Llama 3.2): the run holds and trains two matrices.
+#: - ``--quantize bnb.*`` goes through Fabric's ``BitsandbytesPrecision(mode, dtype)``
+#:   (finetune/lora.py and generate/base.py @ 8641822 and @ 2685705), whose
+#:   ``convert_module`` replaces every ``torch.nn.Linear`` not in ``ignore_modules`` (none
+#:   given): the LM head is quantized too, unlike transformers' default skip list.
+LITGPT = ("Lit-GPT", "litgpt")
+
+
+def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
+    """The model (a catalog name or a config) and `estimate` keywords for ``case``.
+
+    Raises:
+        NotExpressible: something of the setup torchfit cannot model, with the reason.
+    """
+    model: Any = MODELS.get(case.model) or case.model
     try:
-        resolve_model(model)
+        resolved = resolve_model(model)
     except (OSError, ValueError) as error:
         raise NotExpressible(f"model {case.model!r}: {str(error).split(';')[0]}") from None
+    config = resolved.config
+    litgpt = (case.framework or "").startswith(LITGPT)
+    if litgpt and config is not None and getattr(config, "tie_word_embeddings", False):
+        model = copy.deepcopy(config)
+        model.tie_word_embeddings = False
     if case.precision not in PRECISIONS:
         raise NotExpressible(f"precision {case.precision!r}")
     kwargs: dict[str, Any] = dict(PRECISIONS[case.precision])
+    if litgpt and kwargs.get("dtype") in {"nf4", "int8"}:
+        kwargs["quantize_head"] = True
     kwargs["batch_size"] = case.batch_size or 1
-    if case.seq_len is None:
+    if case.seq_len is not None:
+        kwargs["seq_len"] = case.seq_len
+    elif case.measured == "oom":
+        # the length is not given, but no length can use less than one token: if that
+        # run does not fit either, the out-of-memory verdict holds whatever it was
+        kwargs["seq_len"] = 1
+    else:
         raise NotExpressible("sequence length not given")
-    kwargs["seq_len"] = case.seq_len
     if case.mode == "inference":
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
         return model, kwargs
     _training(case, kwargs)
     return model, kwargs
+
+
+#: The dtype of a traced run's model (Fabric's "bf16-true" converts the model and inputs).
+_TRACED_DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16}
+
+
+def _traced(case: published.Case) -> Trace:
+    """``case``'s own loop traced on fake tensors (a model in `MODULES`)."""
+    dtype = _TRACED_DTYPES.get(str(case.precision))
+    if dtype is None:  # trace_step autocasts with torch.autocast("cpu"), not CUDA's op lists
+        raise NotExpressible(f"precision {case.precision!r} in a traced loop (CUDA autocast)")
+    model = MODULES[case.model]().to(dtype)
+    parameters = model.parameters()
+    optimizer = (
+        torch.optim.Adam(parameters, lr=5e-5)  # the scripts' Adam(lr=5e-5), SGD(lr=0.01)
+        if case.optimizer == "adam"
+        else torch.optim.SGD(parameters, lr=0.01)
+    )
+    batch, side = case.batch_size or 1, case.seq_len or 224
+    images = torch.zeros(batch, 3, side, side, dtype=dtype, device="meta")
+    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    step = rasbt_step(accumulation=case.gradient_accumulation_steps or 1)
+    return trace_step(step, model, optimizer, images, labels, device="cuda", warmup=1)
 
 
 def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
@@ -208,22 +339,38 @@ def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
         kwargs["bitsandbytes_version"] = bnb.group(1)
 
 
-def compare(case: published.Case, *, heldout: bool) -> Row:
-    """Estimate ``case`` and read the figure its source measured."""
-    try:
-        model, kwargs = setting(case)
-    except NotExpressible as reason:
-        return Row(case, heldout, reason=str(reason))
+def on_device(case: published.Case) -> tuple[MemoryEstimate, GPU]:
+    """torchfit's device view of ``case`` and the card it ran on.
+
+    Raises:
+        NotExpressible: a setup torchfit cannot model (or refuses), with the reason.
+    """
+    if case.key in CALIBRATION:
+        raise NotExpressible(CALIBRATION[case.key])
     card = gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
     version = re.search(r"CUDA (\d+\.\d+)", case.cuda_torch or "")
     cuda = None if version is None else version.group(1)
+    if case.model in MODULES:  # traced: the exact allocation sequence gives `reserved`
+        trace = _traced(case)
+        return to_device(trace.estimate, gpu=card, cuda_version=cuda, events=trace.events), card
+    model, kwargs = setting(case)
     try:
         found = estimate(model, **kwargs)
-    except ValueError as error:  # a setting torchfit refuses for this model, with the reason
-        return Row(case, heldout, reason=str(error).split(";")[0])
-    device: MemoryEstimate = to_device(found, gpu=card, cuda_version=cuda)
+    except ValueError as error:  # a setting torchfit refuses for this model
+        raise NotExpressible(str(error).split(";")[0]) from None
+    return to_device(found, gpu=card, cuda_version=cuda), card
+
+
+def compare(case: published.Case, *, heldout: bool) -> Row:
+    """Estimate ``case`` and read the figure its source measured."""
+    try:
+        device, card = on_device(case)
+    except NotExpressible as reason:
+        return Row(case, heldout, reason=str(reason))
     if case.measured in {"fits", "oom"}:
         fits = device.device_total <= card.memory
+        if fits and case.seq_len is None:
+            return Row(case, heldout, reason="sequence length not given (one token fits)")
         return Row(case, heldout, device.device_total, "fits" if fits else "oom")
     quantity = QUANTITY.get(case.measured)
     if quantity is None:
@@ -270,7 +417,7 @@ def _section(title: str, rows: list[Row]) -> list[str]:
     lines = [f"## {title}", "", *_summary(rows), ""]
     by_source: dict[str, list[Row]] = {}
     for row in rows:
-        by_source.setdefault(row.case.source.split(" ")[0], []).append(row)
+        by_source.setdefault(source_of(row.case), []).append(row)
     for source, group in sorted(by_source.items()):
         lines += [f"### {source}", "", *_summary(group), "", *_table(group), ""]
     verdicts = [row for row in rows if row.verdict is not None]
@@ -291,13 +438,11 @@ def _section(title: str, rows: list[Row]) -> list[str]:
 
 
 def report(rows: list[Row]) -> str:
-    """Markdown: the tuning set, the held-out set, stand-ins and ambiguous cases apart."""
+    """Markdown: the tuning set, the held-out set, and ambiguous cases apart."""
     done = [row for row in rows if not row.reason]
-    plain = [row for row in done if not row.case.ambiguous and row.case.model not in STAND_INS]
+    plain = [row for row in done if not row.case.ambiguous]
     lines = _section("Fully specified cases", [row for row in plain if not row.heldout])
     lines += _section("Held-out cases (nothing was tuned on them)", [r for r in plain if r.heldout])
-    stand_ins = [row for row in done if row.case.model in STAND_INS and not row.case.ambiguous]
-    lines += _section("Stand-in implementations (reported apart)", stand_ins)
     lines += _section("Ambiguous setups (reported apart)", [r for r in done if r.case.ambiguous])
     skipped = [row for row in rows if row.reason]
     lines += ["## Not expressible yet", "", "| case | why |", "|---|---|"]

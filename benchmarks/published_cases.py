@@ -118,6 +118,37 @@ class Case:
             raise ValueError(f"published case {self.key!r}: " + "; ".join(problems))
 
 
+_RESOURCE_TABLES = (
+    "Lightning-AI/litgpt tutorials/resource-tables.md @ "
+    "0cc02afa1dca7434418cf612690da13d38d294fd (PR #663, 'Last updated: 10/20/2023', "
+    "Lit-GPT commit 8641822); script finetune/lora.py @ "
+    "8641822b3249bb94f068c254aa5d13decbc9f0a0"
+)
+_RESOURCE_SETUP = (
+    "NVIDIA A100-SXM4-40GB, PyTorch 2.1.0+cu121, bitsandbytes 0.41.1, Lightning 2.1.0.rc0, "
+    "driver 525.125.06; --precision bf16-true; full Alpaca dataset, global batch 128. "
+    "finetune/lora.py at 8641822: LoRA r=8, alpha=16, dropout 0.05 on query and value only, "
+    "AdamW lr 3e-4 wd 0.01 (bnb.optim.PagedAdamW when quantized), lm_head chunked by 128 with "
+    "chunked cross-entropy, no activation checkpointing; model.max_seq_length = longest "
+    "training example and iteration 0 puts that example in the batch (padded to it), so the "
+    "peak is at the stated longest length. 'Max GPU RAM' = "
+    "torch.cuda.max_memory_allocated()/1e9 ('Memory used: .. GB')."
+)
+_QUANTIZE_TUTORIAL = (
+    "Lightning-AI/litgpt tutorials/quantize.md @ 982abcbc (figures unchanged to "
+    "26857050fe3ff627cd714fe92f5838f51a3d5efa; the 32-true row since 6ba8a51e, July 2023); "
+    "script generate/base.py @ 982abcbc"
+)
+_QUANTIZE_SETUP = (
+    "'All the examples below were run on an A100 40GB GPU.' generate/base.py at 982abcbc: "
+    "default prompt 'Hello, my name is' (5 tokens with Falcon's tokenizer, no BOS), batch 1, "
+    "one sample; model.max_seq_length and the KV cache (set_kv_cache(batch_size=1)) sized to "
+    "prompt + max_new_tokens; figure = torch.cuda.max_memory_allocated()/1e9 ('Memory used: "
+    "{:.02f} GB'). Quantized runs use Fabric's BitsandbytesPrecision, which converts every "
+    "nn.Linear, the LM head included. torch / CUDA versions not stated."
+)
+
+
 _ALL: tuple[Case, ...] = (
     Case(
         key="hf_cuda_context_v100",
@@ -1870,6 +1901,7 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
@@ -1898,12 +1930,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true + bnb.nf4 weights",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. Single-GPU inference rows of the same table"
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "Single-GPU inference rows of the same table"
             " (A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "
             "generate/base.py at 8641822 defaults to prompt 'Hello, my name is', "
             "max_new_tokens=50, batch 1, KV cache sized to prompt + new tokens. 'Max GPU RAM' = "
@@ -1926,12 +1961,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. Single-GPU inference rows of the same table"
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "Single-GPU inference rows of the same table"
             " (A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "
             "generate/base.py at 8641822 defaults to prompt 'Hello, my name is', "
             "max_new_tokens=50, batch 1, KV cache sized to prompt + new tokens. 'Max GPU RAM' = "
@@ -2011,12 +2049,15 @@ _ALL: tuple[Case, ...] = (
         method="inference",
         precision="bf16-true + bnb.nf4-dq weights",
         batch_size=1,
+        seq_len=6 + 50,
         gpu="NVIDIA A100-SXM4-40GB",
         framework="Lit-GPT @ 8641822 (generate/base.py), Lightning 2.1.0.rc0",
         cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
         ambiguous=True,
         notes=(
-            "Prompt and generated length not stated. The plain bnb.nf4 row of the same model "
+            "Prompt and generated length not stated; seq_len assumes the script's defaults "
+            "('Hello, my name is', 6 Llama tokens with BOS, + 50 new). "
+            "The plain bnb.nf4 row of the same model "
             "failed with 'CUDA error: CUBLAS_STATUS_NOT_INITIALIZED' (likely memory, not "
             "recorded as a verdict). Single-GPU inference rows of the same table "
             "(A100-SXM4-40GB, bf16-true). The prompt and token count are not stated; "
@@ -3329,6 +3370,174 @@ _ALL: tuple[Case, ...] = (
             "(only a VRAM size per row is given)."
         ),
     ),
+    # --- Lit-GPT resource tables: the single-GPU rows not taken above ------------------
+    Case(
+        key="lg_llama2_13b_qlora_dq_mb1",
+        source=_RESOURCE_TABLES,
+        quote="| 13 B | Llama 2 | bnb.nf4-dq | 1 | 6,553,600 | 22.55 GB |",
+        measured="max_memory_allocated",
+        value_bytes=_gb("22.55"),
+        model="meta-llama/Llama-2-13b-hf",
+        mode="train",
+        method="qlora",
+        precision="bf16-true + bnb.nf4-dq base",
+        optimizer="paged_adamw_32bit",
+        batch_size=1,
+        seq_len=1304,
+        gradient_accumulation_steps=128,
+        gradient_checkpointing=False,
+        lora="r=8, alpha=16, dropout 0.05, query + value",
+        other_tricks=("chunked CE",),
+        gpu="NVIDIA A100-SXM4-40GB",
+        framework="Lit-GPT @ 8641822 (finetune/lora.py), Lightning 2.1.0.rc0",
+        cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
+        ambiguous=False,
+        notes="Size column '13 B'; nf4 with double quantization. " + _RESOURCE_SETUP,
+    ),
+    Case(
+        key="lg_llama2_13b_lora_mb4_oom",
+        source=_RESOURCE_TABLES,
+        quote="| 13 B | Llama 2 | None | 4 | 6,553,600 | OOM |",
+        measured="oom",
+        value_bytes=None,
+        model="meta-llama/Llama-2-13b-hf",
+        mode="train",
+        method="lora",
+        precision="bf16-true",
+        optimizer="adamw",
+        batch_size=4,
+        seq_len=1304,
+        gradient_accumulation_steps=32,
+        gradient_checkpointing=False,
+        lora="r=8, alpha=16, dropout 0.05, query + value",
+        other_tricks=("chunked CE",),
+        gpu="NVIDIA A100-SXM4-40GB",
+        framework="Lit-GPT @ 8641822 (finetune/lora.py), Lightning 2.1.0.rc0",
+        cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
+        ambiguous=False,
+        notes="Verdict: out of memory on one A100 40GB. " + _RESOURCE_SETUP,
+    ),
+    Case(
+        key="lg_stablelm3b_qlora_dq_mb1",
+        source=_RESOURCE_TABLES,
+        quote="| 3 B | StableLM Alpha | bnb.nf4-dq | 1 | 2,097,152 | 6.19 GB |",
+        measured="max_memory_allocated",
+        value_bytes=_gb("6.19"),
+        model="stabilityai/stablelm-base-alpha-3b",
+        mode="train",
+        method="qlora",
+        precision="bf16-true + bnb.nf4-dq base",
+        optimizer="paged_adamw_32bit",
+        batch_size=1,
+        seq_len=1034,
+        gradient_accumulation_steps=128,
+        gradient_checkpointing=False,
+        lora="r=8, alpha=16, dropout 0.05, query + value",
+        other_tricks=("chunked CE",),
+        gpu="NVIDIA A100-SXM4-40GB",
+        framework="Lit-GPT @ 8641822 (finetune/lora.py), Lightning 2.1.0.rc0",
+        cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
+        ambiguous=False,
+        notes=(
+            "The page says 'StableLM Alpha', 3 B; longest training example 1034 tokens; nf4 "
+            "with double quantization. " + _RESOURCE_SETUP
+        ),
+    ),
+    Case(
+        key="lg_stablelm3b_lora_mb2",
+        source=_RESOURCE_TABLES,
+        quote="| 3 B | StableLM Alpha | None | 2 | 2,097,152 | 12.10 GB |",
+        measured="max_memory_allocated",
+        value_bytes=_gb("12.10"),
+        model="stabilityai/stablelm-base-alpha-3b",
+        mode="train",
+        method="lora",
+        precision="bf16-true",
+        optimizer="adamw",
+        batch_size=2,
+        seq_len=1034,
+        gradient_accumulation_steps=64,
+        gradient_checkpointing=False,
+        lora="r=8, alpha=16, dropout 0.05, query + value",
+        other_tricks=("chunked CE",),
+        gpu="NVIDIA A100-SXM4-40GB",
+        framework="Lit-GPT @ 8641822 (finetune/lora.py), Lightning 2.1.0.rc0",
+        cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
+        ambiguous=False,
+        notes=(
+            "The page says 'StableLM Alpha', 3 B; longest training example 1034 tokens. "
+            + _RESOURCE_SETUP
+        ),
+    ),
+    Case(
+        key="lg_falcon40b_qlora_dq_mb1_oom",
+        source=_RESOURCE_TABLES,
+        quote="| 40 B | Falcon | bnb.nf4-dq | 1 | 12,042,240 | OOM |",
+        measured="oom",
+        value_bytes=None,
+        model="tiiuae/falcon-40b",
+        mode="train",
+        method="qlora",
+        precision="bf16-true + bnb.nf4-dq base",
+        optimizer="paged_adamw_32bit",
+        batch_size=1,
+        seq_len=1079,
+        gradient_accumulation_steps=128,
+        gradient_checkpointing=False,
+        lora="r=8, alpha=16, dropout 0.05, query + value",
+        other_tricks=("chunked CE",),
+        gpu="NVIDIA A100-SXM4-40GB",
+        framework="Lit-GPT @ 8641822 (finetune/lora.py), Lightning 2.1.0.rc0",
+        cuda_torch="PyTorch 2.1.0+cu121, driver 525.125.06, bitsandbytes 0.41.1",
+        ambiguous=False,
+        notes="Verdict: out of memory on one A100 40GB. " + _RESOURCE_SETUP,
+    ),
+    # --- Lit-GPT's quantization tutorial (falcon-7b inference, A100 40GB) ----------------
+    *(
+        Case(
+            key=f"lq_falcon7b_{tag}",
+            source=_QUANTIZE_TUTORIAL,
+            quote=f"Memory used: {figure} GB",
+            measured="max_memory_allocated",
+            value_bytes=_gb(figure),
+            model="tiiuae/falcon-7b",
+            mode="inference",
+            method="inference",
+            precision=precision,
+            batch_size=1,
+            seq_len=5 + 256,
+            gpu="A100 40GB",
+            framework="Lit-GPT @ 982abcbc (generate/base.py)",
+            cuda_torch="not stated (the page of July-October 2023)",
+            ambiguous=False,
+            notes=(
+                f"python generate/base.py --checkpoint_dir checkpoints/tiiuae/falcon-7b {flags}"
+                " --max_new_tokens 256. " + _QUANTIZE_SETUP
+            ),
+        )
+        for tag, figure, precision, flags in (
+            ("fp32", "28.95", "fp32", "--precision 32-true"),
+            ("bf16", "14.50", "bf16-true", "--precision bf16-true"),
+            (
+                "nf4",
+                "5.72",
+                "bf16-true + bnb.nf4 weights (Fabric, every Linear)",
+                "--quantize bnb.nf4 --precision bf16-true",
+            ),
+            (
+                "nf4dq",
+                "5.38",
+                "bf16-true + bnb.nf4-dq weights (Fabric, every Linear)",
+                "--quantize bnb.nf4-dq --precision bf16-true",
+            ),
+            (
+                "int8",
+                "8.70",
+                "16-true + bnb.int8 weights (Fabric, every Linear)",
+                "--quantize bnb.int8 --precision 16-true",
+            ),
+        )
+    ),
 )
 
 # About a third of the fully specified cases, spread over the sources: nothing may be
@@ -3350,6 +3559,10 @@ _HELDOUT_KEYS = frozenset(
         "lg_inf_llama2_70b_bf16_oom",
         "hub_gemma2_9b_lora_oom",
         "hf_octocoder_int8",
+        "lg_llama2_13b_qlora_dq_mb1",
+        "lg_stablelm3b_lora_mb2",
+        "lq_falcon7b_bf16",
+        "lq_falcon7b_nf4dq",
         "vit_l16_fp16mixed_bs64",
         "vit_l16_bf16true_mb4_ga4",
     }

@@ -61,6 +61,8 @@ PUBLISHED = {
     "qwen3-8b": 8_190_735_360,
     "qwen3-30b-a3b": 30_532_122_624,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "gemma-2b": 2_506_172_416,  # Gemma report (arXiv 2403.08295) Table 2: embedding + rest
+    "gemma-7b": 8_537_680_896,  # the same table
     "gemma-2-2b": 2_614_341_888,
     "gemma-2-9b": 9_241_705_984,
     "gemma-2-27b": 27_227_128_320,

@@ -8,12 +8,14 @@ the compute dtype (transformers keeps ``lm_head`` and tied embeddings unquantize
 
 from __future__ import annotations
 
+import math
+
 from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.moe import moe_linear_shapes
 
-__all__ = ["block_linear_shapes", "quantized_weight_bytes"]
+__all__ = ["block_linear_shapes", "dequantized_weight_bytes", "quantized_weight_bytes"]
 
 
 def block_linear_shapes(spec: TransformerSpec) -> list[tuple[int, int]]:
@@ -73,3 +75,26 @@ def quantized_weight_bytes(
         quantized += codes + scales
     rest = spec.num_params - sum(o * i for o, i in shapes)
     return quantized + int(rest * compute.itemsize)
+
+
+def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: bool = False) -> int:
+    """Bytes of the largest 4-bit weight as bitsandbytes dequantizes it for one matmul.
+
+    ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py, unchanged from 0.41 to 0.48)
+    computes ``linear(A, dequantize_4bit(B).to(A.dtype).t())`` in forward and
+    ``matmul(grad_output, dequantize_4bit(B).to(grad_output.dtype).t())`` in backward: a
+    full copy of one weight in the compute dtype, alive during its matmul (only a single
+    token at inference takes the ``gemv_4bit`` path instead). ``head``: the output head
+    is a 4-bit Linear too.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from torchfit.memory.analytic.arch import describe
+        >>> spec = describe(LlamaConfig())  # Llama-2-7B: down_proj, 11008 x 4096
+        >>> dequantized_weight_bytes(spec, DType.BF16), 11008 * 4096 * 2
+        (90177536, 90177536)
+    """
+    largest = max(out_f * in_f for out_f, in_f in block_linear_shapes(spec))
+    if head:
+        largest = max(largest, spec.vocab * spec.hidden)
+    return math.ceil(largest * compute.itemsize)

@@ -43,6 +43,7 @@ from torchfit.memory.analytic.moe import (
     moe_block_terms,
     moe_inference_transient,
 )
+from torchfit.memory.analytic.quantized import dequantized_weight_bytes
 from torchfit.memory.analytic.states import (
     adapters_for,
     frozen_base_states,
@@ -195,6 +196,13 @@ def estimate_transformer(
     )
     if settings.inputs_kept:
         notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    dequantized = 0
+    if weights_format.bits == 4 and device == "cuda" and (training or batch_size * seq_len > 1):
+        dequantized = dequantized_weight_bytes(spec, compute, head=quantize_head)
+        notes.append(
+            f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: "
+            f"{dequantized:,} bytes at most"
+        )
     if not training:
         return _inference(
             spec,
@@ -204,6 +212,7 @@ def estimate_transformer(
             weights=weights,
             use_cache=use_cache,
             notes=notes,
+            dequantized=dequantized,
         )
 
     if opt.paged and device == "cuda":
@@ -228,6 +237,7 @@ def estimate_transformer(
         loop=Loop() if loop is None else loop,
         in_backward=optimizer_in_backward,
         loss_chunk=loss_chunk,
+        dequantized=dequantized,
     )
 
 
@@ -247,6 +257,7 @@ def _training_peak(
     loop: Loop,
     in_backward: bool,
     loss_chunk: int | None,
+    dequantized: int = 0,
 ) -> MemoryEstimate:
     """The larger of the start of backward and the optimizer step (module docstring)."""
     compute, device, opt = settings.dtype, settings.device, optimizer
@@ -279,6 +290,7 @@ def _training_peak(
     head = 0 if settings.frozen_base else spec.vocab * spec.hidden
     head_grad = math.ceil(head * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
+    backward_start += dequantized  # the first 4-bit Linear's backward: a 16-bit weight copy
     backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
     kept_grads = kept_gradients(loop, states.gradients, notes)
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
@@ -336,6 +348,7 @@ def _inference(
     weights: int,
     use_cache: bool | None,
     notes: list[str],
+    dequantized: int = 0,
 ) -> MemoryEstimate:
     tokens = batch_size * seq_len
     e = settings.dtype.itemsize
@@ -363,7 +376,7 @@ def _inference(
     rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
     return MemoryEstimate(
         weights=weights,
-        activations=max(transient, logits + math.ceil(tokens * spec.hidden * e)),
+        activations=max(transient, logits + math.ceil(tokens * spec.hidden * e)) + dequantized,
         kv_cache=kv,
         overhead=math.ceil(tokens * INT64 + mask + rope),
         device=settings.device,

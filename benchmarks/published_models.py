@@ -1,0 +1,112 @@
+"""Models the published runs used that torchfit's catalog cannot build here.
+
+torchvision does not install beside this torch, so ``vit_l_16`` is rebuilt from its
+source, module for module: pytorch/vision ``torchvision/models/vision_transformer.py`` @
+07a929e8b851242b1c75c9016ee06a8e502961d8 (``VisionTransformer``, ``Encoder``,
+``EncoderBlock``, ``MLPBlock`` = ``torchvision.ops.misc.MLP``: Linear, GELU, Dropout,
+Linear, Dropout) with ``vit_l_16``'s sizes (patch 16, 24 layers, 16 heads, width 1024,
+MLP 4096, no dropout, LayerNorm eps 1e-6). Parameter names and initialisation are not
+copied: only what holds memory (parameter shapes, the ops of ``forward``) matters here.
+
+The runs that used it are traced with their own training loop (`rasbt_step`), torchfit's
+``trace_step`` on fake tensors, since torchfit's meta-device pass models only a loop that
+frees the gradients before the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["TorchvisionViT", "rasbt_step", "torchvision_vit_l_16"]
+
+
+class _EncoderBlock(nn.Module):
+    """torchvision's ``EncoderBlock``: pre-LN, ``nn.MultiheadAttention``, GELU MLP."""
+
+    def __init__(self, heads: int, width: int, mlp: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
+        self.dropout = nn.Dropout(0.0)
+        self.ln_2 = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, mlp),
+            nn.GELU(),
+            nn.Dropout(0.0),
+            nn.Linear(mlp, width),
+            nn.Dropout(0.0),
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.ln_1(inputs)
+        x, _ = self.self_attention(query=x, key=x, value=x, need_weights=False)
+        x = self.dropout(x) + inputs
+        return x + self.mlp(self.ln_2(x))
+
+
+class TorchvisionViT(nn.Module):
+    """torchvision's ``VisionTransformer`` (no conv stem, no representation layer)."""
+
+    def __init__(
+        self, *, image: int, patch: int, layers: int, heads: int, width: int, mlp: int, classes: int
+    ) -> None:
+        super().__init__()
+        self.patch, self.width = patch, width
+        self.conv_proj = nn.Conv2d(3, width, kernel_size=patch, stride=patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, width))
+        self.pos_embedding = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, width))
+        self.dropout = nn.Dropout(0.0)
+        self.layers = nn.Sequential(*(_EncoderBlock(heads, width, mlp) for _ in range(layers)))
+        self.ln = nn.LayerNorm(width, eps=1e-6)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = images.shape
+        x = self.conv_proj(images).reshape(n, self.width, (h // self.patch) * (w // self.patch))
+        x = torch.cat([self.class_token.expand(n, -1, -1), x.permute(0, 2, 1)], dim=1)
+        x = self.ln(self.layers(self.dropout(x + self.pos_embedding)))
+        return self.head(x[:, 0])
+
+
+def torchvision_vit_l_16(*, classes: int = 1000) -> TorchvisionViT:
+    """``torchvision.models.vit_l_16()`` on the meta device, its head for ``classes``.
+
+    Example:
+        >>> model = torchvision_vit_l_16()
+        >>> sum(p.numel() for p in model.parameters())  # torchvision's num_params
+        304326632
+    """
+    with torch.device("meta"):
+        return TorchvisionViT(
+            image=224, patch=16, layers=24, heads=16, width=1024, mlp=4096, classes=classes
+        )
+
+
+def rasbt_step(*, accumulation: int) -> Callable[..., None]:
+    """One optimizer step of rasbt/pytorch-memory-optim's ViT loop, as its scripts order it.
+
+    01_pytorch-vit.py (and 01-2, 02, 03, 04) @ f6eddcd28c40770a097ffd9f18797a043457a2d0,
+    lines 29-36: ``logits = model(features)``, the loss, ``optimizer.zero_grad()``,
+    ``backward``, ``optimizer.step()``: zero_grad comes after the forward, so the previous
+    step's gradients are alive through every forward. 05_gradient-accum.py and
+    06_sgd-with-scheduler.py: forward, ``loss / accumulation_steps``, backward, and every
+    ``accumulation_steps`` micro-batches ``step()`` then ``zero_grad()``.
+    """
+
+    def step(model: nn.Module, optimizer: Any, images: torch.Tensor, labels: torch.Tensor) -> None:
+        for micro in range(accumulation):
+            logits = model(images)
+            loss = nn.functional.cross_entropy(logits, labels) / accumulation
+            if accumulation == 1:
+                optimizer.zero_grad()
+            loss.backward()
+            if micro == accumulation - 1:
+                optimizer.step()
+                if accumulation > 1:
+                    optimizer.zero_grad()
+
+    return step

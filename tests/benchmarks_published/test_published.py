@@ -1,0 +1,142 @@
+"""benchmarks/published_cases.py holds what others measured: keep the data honest.
+
+Every case cites its source and quotes it, names a quantity torchfit can compare, and the
+held-out split holds fully specified cases only. The benchmark's mapping of a setup onto
+`estimate` is checked on a few cases whose reading is fixed by the cited sources.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import published  # noqa: E402 - benchmarks/ is not a package
+import published_cases as data  # noqa: E402
+import published_models  # noqa: E402
+
+ALL = (*data.CASES, *data.HELDOUT)
+
+
+@pytest.mark.parametrize("case", ALL, ids=[c.key for c in ALL])
+def test_every_case_is_cited_and_quoted(case):
+    assert case.source.strip()
+    assert case.quote.strip()
+    assert case.measured in data.MEASURED
+    assert (case.measured in data.VERDICTS) == (case.value_bytes is None)
+    if case.ambiguous:
+        assert case.notes.strip()
+
+
+def test_keys_are_unique_and_the_held_out_set_is_fully_specified():
+    keys = [c.key for c in ALL]
+    assert len(keys) == len(set(keys))
+    assert data.HELDOUT  # the split exists
+    assert not any(c.ambiguous for c in data.HELDOUT)
+    assert {c.key for c in data.HELDOUT} <= set(keys)
+
+
+def test_a_case_without_a_citation_is_refused():
+    with pytest.raises(ValueError, match="citation"):
+        data.Case(
+            key="x",
+            source=" ",
+            quote="1 GB",
+            measured="max_memory_allocated",
+            value_bytes=10**9,
+            model="gpt2",
+            mode="inference",
+            method="inference",
+            precision="fp32",
+            gpu=None,
+            ambiguous=False,
+            notes="",
+        )
+
+
+def test_every_compared_quantity_has_a_torchfit_twin():
+    compared = {c.measured for c in ALL} - data.VERDICTS
+    compared -= {"unspecified peak", "torch.cuda.memory_allocated"}  # reported as not comparable
+    assert compared <= set(published.QUANTITY)
+
+
+def case(key):
+    return next(c for c in ALL if c.key == key)
+
+
+def test_litgpt_runs_train_an_untied_head():
+    # LitGPT's GPT keeps wte and lm_head apart; Gemma's checkpoint ties them
+    model, _ = published.setting(case("hub_gemma_7b_lora_oom"))
+    assert model.tie_word_embeddings is False
+
+
+def test_lora_on_the_head_and_litgpt_target_names():
+    _, kwargs = published.setting(case("hub_gemma_7b_lora_oom"))
+    assert set(kwargs["lora_targets"]) == {"query", "key", "value", "projection", "mlp", "head"}
+    assert kwargs["lora_rank"] == 16
+
+
+def test_an_oom_verdict_of_unstated_length_is_decided_at_one_token():
+    _, kwargs = published.setting(case("lg_inf_codellama34b_bf16_oom"))
+    assert kwargs["seq_len"] == 1
+    with pytest.raises(published.NotExpressible, match="sequence length"):
+        published.setting(case("tt_3b_baseline"))  # a figure needs its length
+
+
+def test_dora_is_not_read_as_lora():
+    with pytest.raises(published.NotExpressible, match="DoRA"):
+        published.setting(case("peft_mmqa_dora_r32"))
+
+
+def test_litgpt_nf4_precisions_map_to_double_quant():
+    _, plain = published.setting(case("lg_llama2_7b_qlora_mb1"))
+    _, dq = published.setting(case("lg_llama2_7b_qlora_dq_mb1"))
+    assert plain["dtype"] == dq["dtype"] == "nf4"
+    assert plain["double_quant"] is False
+    assert dq.get("double_quant", True) is True
+
+
+def test_sources_group_by_publication():
+    assert published.source_of(case("lq_falcon7b_fp32")) == "Lit-GPT quantization tutorial"
+    assert published.source_of(case("hf_octocoder_bf16")) == "HF LLM inference guide"
+    assert published.source_of(case("tt_3b_packed")) == "pytorch/torchtune"
+
+
+def test_torchvision_vit_l_16_has_torchvisions_parameter_count():
+    # torchvision ViT_L_16_Weights.IMAGENET1K_V1.meta["num_params"]
+    model = published_models.torchvision_vit_l_16()
+    assert sum(p.numel() for p in model.parameters()) == 304_326_632
+
+
+def test_rasbt_loop_keeps_the_last_gradients_through_the_forward():
+    """zero_grad comes between forward and backward, as in 01_pytorch-vit.py."""
+    net = torch.nn.Linear(4, 3)
+    seen = []
+    net.register_forward_hook(lambda m, i, o: seen.append(m.weight.grad is not None))
+    step = published_models.rasbt_step(accumulation=1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(2, 4), torch.tensor([0, 1])
+    step(net, opt, x, y)
+    step(net, opt, x, y)
+    assert seen == [False, True]
+
+
+def test_rasbt_accumulation_steps_then_clears():
+    net = torch.nn.Linear(4, 3)
+    seen = []
+    net.register_forward_hook(lambda m, i, o: seen.append(m.weight.grad is not None))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    published_models.rasbt_step(accumulation=4)(net, opt, torch.randn(2, 4), torch.tensor([0, 1]))
+    assert seen == [False, True, True, True]
+    assert net.weight.grad is None
+
+
+def test_litgpt_quantizes_the_head_and_transformers_does_not():
+    # Fabric's BitsandbytesPrecision converts every nn.Linear, the LM head included
+    _, litgpt = published.setting(case("lg_llama2_7b_qlora_mb1"))
+    assert litgpt["quantize_head"] is True
+    _, hf = published.setting(case("hf_octocoder_4bit"))
+    assert "quantize_head" not in hf
