@@ -368,7 +368,7 @@ def compare(case: published.Case, *, heldout: bool) -> Row:
     except NotExpressible as reason:
         return Row(case, heldout, reason=str(reason))
     if case.measured in {"fits", "oom"}:
-        fits = device.device_total <= card.memory
+        fits = device.device_total <= card.total
         if fits and case.seq_len is None:
             return Row(case, heldout, reason="sequence length not given (one token fits)")
         return Row(case, heldout, device.device_total, "fits" if fits else "oom")

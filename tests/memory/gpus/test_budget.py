@@ -16,7 +16,7 @@ VALUES = ["3060", "RTX 3060", " T4 ", "12GiB", "12GB", "12884901888", 8 * 2**30,
 
 
 def _bytes(found):
-    return found.memory if isinstance(found, GPU) else found
+    return found.total if isinstance(found, GPU) else found
 
 
 @pytest.mark.parametrize("value", [*VALUES, GPU.custom("lab", memory="20GiB")], ids=repr)
@@ -24,7 +24,7 @@ def test_every_budget_reader_agrees(value):
     found = read_budget(value)
     nbytes = _bytes(found)
     assert budget_of(value)[0] == nbytes
-    assert card_of(value).memory == nbytes
+    assert card_of(value).total == nbytes
     assert plan.resolve_budget(value) == (card_of(value), 1)
     assert resolve_budget([value, "RTX 4090"]) == (card_of(value), 2)
     assert _cards([value]) == [card_of(value)]

@@ -381,3 +381,22 @@ def test_current_gpu_on_a_real_device():
     card = current_gpu()
     assert card.memory == torch.cuda.get_device_properties(0).total_memory
     assert card.compute_capability in {None, torch.cuda.get_device_capability(0)}
+
+
+def test_a_plan_compares_with_what_nvidia_smi_shows_on_ecc_cards():
+    from torchfit import fits
+    from torchfit.memory.gpus.budget import budget_of
+
+    a10g = gpu("A10G")
+    assert a10g.memory == 24 * 2**30 and a10g.total == 23028 * 2**20
+    assert budget_of("A10G") == (23028 * 2**20, "NVIDIA A10G")
+    plan = fits("gpt2", "A10G", batch_size=1, seq_len=64)
+    assert plan.budget == a10g.total
+    assert plan.headroom == a10g.total - plan.estimate.device_total
+    assert gpu("RTX 4090").total == gpu("RTX 4090").memory  # no published figure: nominal
+    assert "nvidia-smi total" in str(a10g)
+
+
+def test_an_nvidia_smi_total_above_the_memory_is_refused():
+    with pytest.raises(ValueError, match="nvidia_smi_total must be bytes in"):
+        GPU(name="odd", memory=2**30, nvidia_smi_total=2**31)

@@ -116,7 +116,7 @@ def find_budget(budget: Budget) -> FoundBudget:
         return FoundBudget(budget.capacity, BudgetKind.SIMULATED)
     found = read_budget(budget)
     if isinstance(found, GPU):
-        return FoundBudget(int(found.memory), BudgetKind.GPU, found)
+        return FoundBudget(int(found.total), BudgetKind.GPU, found)
     return FoundBudget(found, BudgetKind.BYTES)
 
 

@@ -129,7 +129,7 @@ class Planner:
         ]
         self.workspaces = [cublas_workspace_bytes(card.compute_capability) for card in self.cards]
         self.allocatable = [
-            allocatable(card.memory - self.reserve - ctx)
+            allocatable(card.total - self.reserve - ctx)
             for card, ctx in zip(self.cards, self.contexts, strict=True)
         ]
 
@@ -176,7 +176,7 @@ class Planner:
                 DeviceShare(
                     device=i,
                     card=card.name,
-                    memory=card.memory,
+                    memory=card.total,
                     max_memory=None if max_memory is None else max_memory[i],
                     layers=tuple(runs[i]),
                     weights=weights[i],

@@ -69,11 +69,11 @@ def budget_of(value: float | str | GPU) -> tuple[int, str]:
         >>> budget_of("12GB")
         (12000000000, '12GB')
         >>> budget_of("T4")
-        (17179869184, 'NVIDIA T4')
+        (16106127360, 'NVIDIA T4')
     """
     found = read_budget(value)
     if isinstance(found, GPU):
-        return int(found.memory), found.name
+        return int(found.total), found.name
     return found, value.strip() if isinstance(value, str) else format_bytes(found)
 
 
@@ -113,7 +113,7 @@ def resolve_budget(target: float | str | GPU | Sequence[float | str | GPU]) -> t
         if not target:
             raise ValueError("an empty list of GPUs was given; name at least one card")
         cards = [card_of(item) for item in target]
-        return min(cards, key=lambda card: card.memory), len(cards)
+        return min(cards, key=lambda card: card.total), len(cards)
     if isinstance(target, GPU | str | int | float) and not isinstance(target, bool):
         return card_of(target), 1
     raise TypeError(

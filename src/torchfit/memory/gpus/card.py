@@ -29,6 +29,7 @@ _FIELDS = (
     "bf16_tflops",
     "aliases",
     "source",
+    "nvidia_smi_total",
 )
 
 
@@ -62,6 +63,9 @@ class GPU:
         bf16_tflops: The same for bf16 inputs; None without native bf16 or a figure.
         aliases: Other spellings that resolve to this card (torch's device name among them).
         source: The vendor document the figures come from, and how any were derived.
+        nvidia_smi_total: The "Total" ``nvidia-smi`` shows, where it is published and less
+            than ``memory`` (ECC on GDDR6 data-center cards); None elsewhere. `total` is
+            what a plan compares its device total with.
 
     Example:
         >>> card = GPU.custom("lab card", memory="20GiB", compute_capability=(8, 6))
@@ -81,11 +85,30 @@ class GPU:
     bf16_tflops: float | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
+    nvidia_smi_total: int | None = None
+
+    @property
+    def total(self) -> int:
+        """Bytes ``nvidia-smi`` shows as the card's total: ``nvidia_smi_total``, else ``memory``.
+
+        Example:
+            >>> GPU.custom("lab card", memory="24GiB").total == 24 * 2**30
+            True
+        """
+        return self.memory if self.nvidia_smi_total is None else self.nvidia_smi_total
 
     def __post_init__(self) -> None:
         """Check every field (types, positive sizes, flags against the compute capability)."""
         owner = f"GPU {self.name!r}"
         _check_text_fields(self, owner)
+        smi = self.nvidia_smi_total
+        if smi is not None and (
+            isinstance(smi, bool) or not isinstance(smi, int) or not 0 < smi <= self.memory
+        ):
+            raise ValueError(
+                f"{owner}: nvidia_smi_total must be bytes in (0, memory={self.memory}] or "
+                f"None; got {smi!r}"
+            )
         for field in ("memory_bandwidth_gb_s", "fp16_tflops", "bf16_tflops"):
             object.__setattr__(self, field, _positive_number(owner, field, getattr(self, field)))
         _check_precision(self, owner)
@@ -179,8 +202,9 @@ class GPU:
         if missing:
             raise ValueError(f"a GPU needs {missing}; got the fields {sorted(data)}")
         fields = dict(data)
-        if isinstance(fields["memory"], str):
-            fields["memory"] = parse_bytes(fields["memory"])
+        for size in ("memory", "nvidia_smi_total"):
+            if isinstance(fields.get(size), str):
+                fields[size] = parse_bytes(fields[size])
         if fields.get("compute_capability") is not None:
             fields["compute_capability"] = tuple(fields["compute_capability"])
         fields["aliases"] = tuple(fields.get("aliases", ()))
@@ -208,6 +232,11 @@ class GPU:
             )
         rows = [
             ("memory", f"{format_bytes(self.memory)} ({self.memory} bytes)"),
+            *(
+                [("nvidia-smi total", f"{format_bytes(self.total)} ({self.total} bytes)")]
+                if self.nvidia_smi_total is not None
+                else []
+            ),
             ("vendor", self.vendor),
             ("architecture", arch),
             (

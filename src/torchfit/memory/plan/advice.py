@@ -129,7 +129,7 @@ def advise(
     num_gpus: int,
 ) -> tuple[Advice, ...]:
     """Every applicable knob, re-estimated, sorted by bytes saved (largest first)."""
-    budget = card.memory
+    budget = card.total
     found: list[Advice] = []
     for knob, changes, detail in _changes(settings, card):
         try:

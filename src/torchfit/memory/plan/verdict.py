@@ -360,7 +360,7 @@ def fits(
 
     def fits_with(**changes: Any) -> bool:
         changed = dataclasses.replace(settings, **changes)
-        return _device_estimate(model, changed, card).device_total <= card.memory
+        return _device_estimate(model, changed, card).device_total <= card.total
 
     max_batch = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
     max_seq = None
@@ -376,12 +376,12 @@ def fits(
         num_gpus=count,
     )
     return Plan(
-        fits=current.device_total <= card.memory,
+        fits=current.device_total <= card.total,
         estimate=current,
         gpu=card,
         num_gpus=count,
-        budget=card.memory,
-        headroom=card.memory - current.device_total,
+        budget=card.total,
+        headroom=card.total - current.device_total,
         max_batch_size=max_batch,
         max_seq_len=max_seq,
         advice=advice,
