@@ -14,6 +14,8 @@ from fractions import Fraction
 
 import torch
 
+from torchfit._core import checks
+
 __all__ = ["DType", "format_bytes", "parse_bytes", "parse_dtype"]
 
 _UNITS: dict[str, int] = {
@@ -86,6 +88,7 @@ def parse_bytes(value: float | str) -> int:
     return int(value)
 
 
+@checks.arguments()
 def format_bytes(num_bytes: float) -> str:
     """Format a byte count in binary units, the way ``nvidia-smi`` and PyTorch report memory.
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from torchfit._core import checks
 from torchfit._core.hardware import parse_device
 from torchfit.loaders.args import (
     check_dataset,
@@ -141,6 +142,7 @@ def _tune(
     return loader, report
 
 
+@checks.arguments(batch_size=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def tune_loader(
     dataset: Any,
     *,
@@ -236,6 +238,7 @@ def tune_loader(
     return loader, report
 
 
+@checks.arguments(batch_size=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def tuned_loader(
     dataset: Any,
     *,
@@ -273,6 +276,7 @@ def tuned_loader(
     return loader
 
 
+@checks.arguments(prefetch_factor=checks.whole(at_least=1))
 def check_shm(
     *,
     num_workers: int,
@@ -300,6 +304,7 @@ def check_shm(
     return shm_message(num_workers, prefetch_factor, batch_bytes, share, allowed)
 
 
+@checks.arguments(steps=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def diagnose(
     loader: Iterable[Any],
     step_fn: Callable[[Any], object],

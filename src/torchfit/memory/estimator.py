@@ -27,10 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._core import checks
 from torchfit._core.step import OptimizerName, parse_mode, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
-from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.analytic.formulas import FP32, parse_attention
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
 from torchfit.memory.catalog.inputs import (
@@ -54,6 +56,18 @@ __all__ = ["estimate"]
 _DEVICES = ("cuda", "cpu")
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    input_shape=checks.shape(),
+    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    loss_chunk_size=checks.whole(at_least=1),
+    lora_rank=checks.whole(at_least=1),
+    lora_dropout=checks.number(at_least=0, below=1),
+    bitsandbytes_version=checks.parsed(keeps_4bit_input),
+)
 def estimate(
     model: Any,
     *,

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from torchfit._core import checks
 from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
 from torchfit._core.step import (
     Loop,
@@ -80,6 +81,7 @@ class Measurement(Generic[T]):
         return "\n".join(lines)
 
 
+@checks.arguments(device=checks.one_of("cpu", "cuda"))
 def live_bytes(*objects: object, device: str | None = None) -> int:
     """Bytes of the distinct storages behind every tensor reachable from ``objects``.
 
@@ -175,6 +177,7 @@ def _replay(deltas: Iterable[int]) -> tuple[int, int]:
     return peak, live
 
 
+@checks.arguments(device=checks.one_of("cpu", "cuda"))
 def measure_peak(
     fn: Callable[..., T],
     *args: Any,
@@ -268,6 +271,12 @@ def _measure_cuda(
     )
 
 
+@checks.arguments(
+    model=checks.model(),
+    example_inputs=checks.inputs(),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    autocast_dtype=checks.among(torch.bfloat16, torch.float16),
+)
 def measure_step(
     model: nn.Module,
     example_inputs: object,

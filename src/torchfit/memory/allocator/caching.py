@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.blocks import Block, FreePool
 from torchfit.memory.allocator.rules import (
@@ -70,6 +71,7 @@ class CachingAllocator:
         (2097152, 23068672)
     """
 
+    @checks.arguments(capacity=checks.whole(at_least=1))
     def __init__(
         self,
         *,
@@ -170,6 +172,7 @@ class CachingAllocator:
 
     # --- malloc / free --------------------------------------------------------------
 
+    @checks.arguments()
     def malloc(self, nbytes: int) -> int:
         """Allocate ``nbytes`` and return a handle for `free`.
 
@@ -211,6 +214,7 @@ class CachingAllocator:
         self._live[handle] = block
         return handle
 
+    @checks.arguments()
     def free(self, handle: int) -> None:
         """Give back the block of ``handle``; it is cached, never returned to CUDA here.
 

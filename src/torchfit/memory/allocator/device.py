@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.allocator.rules import (
     K_LARGE_BUFFER,
@@ -136,6 +137,7 @@ def parse_cuda_version(value: object) -> tuple[int, int]:
     )
 
 
+@checks.arguments(cuda_version=checks.parsed(parse_cuda_version))
 def cuda_context_bytes(
     gpu: str | GPU | None = None,
     *,
@@ -214,6 +216,13 @@ def _context(
 
 
 def _capability_major(compute_capability: object) -> int:
+    major = _read_major(compute_capability)
+    if major < 0:
+        raise ValueError(f"compute capability {compute_capability!r} is negative; use e.g. (9, 0)")
+    return major
+
+
+def _read_major(compute_capability: object) -> int:
     value = compute_capability
     if isinstance(value, tuple | list) and value and isinstance(value[0], int):
         return int(value[0])
@@ -234,6 +243,7 @@ def _capability_major(compute_capability: object) -> int:
     )
 
 
+@checks.arguments(compute_capability=checks.parsed(_capability_major))
 def cublas_workspace_bytes(compute_capability: object = None) -> int:
     """The cuBLAS workspace PyTorch allocates, through the caching allocator, per handle.
 
@@ -314,6 +324,11 @@ class _WorkspaceKey:
 _WORKSPACE_KEY = _WorkspaceKey()
 
 
+@checks.arguments(
+    context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
+    fragmentation=checks.number(at_least=0, below=1),
+    cuda_version=checks.parsed(parse_cuda_version),
+)
 def to_device(
     estimate: MemoryEstimate,
     *,

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from torchfit._core import checks
 from torchfit._core.hardware import native_bf16, native_fp8
 from torchfit._core.units import format_bytes, parse_bytes
 
@@ -85,12 +86,14 @@ class GPU:
     def __post_init__(self) -> None:
         """Check every field (types, positive sizes, flags against the compute capability)."""
         owner = f"GPU {self.name!r}"
+        checks.fields(self, "vendor", "architecture")
         _check_text_fields(self, owner)
         for field in ("memory_bandwidth_gb_s", "fp16_tflops", "bf16_tflops"):
             object.__setattr__(self, field, _positive_number(owner, field, getattr(self, field)))
         _check_precision(self, owner)
 
     @classmethod
+    @checks.arguments(memory=checks.parsed(parse_bytes, kinds=(str, float, int)))
     def custom(
         cls,
         name: str,

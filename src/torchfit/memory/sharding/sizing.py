@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchfit._core import checks
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding.ranks import shard_estimate
 from torchfit.memory.sharding.strategies import (
@@ -17,6 +18,7 @@ __all__ = ["WORLD_SIZES", "deepspeed_zero_bytes", "min_gpus"]
 WORLD_SIZES: tuple[int, ...] = tuple(2**k for k in range(11))  # 1, 2, 4, ..., 1024
 
 
+@checks.arguments(world_size=checks.whole(at_least=1), stage=checks.whole(at_most=3))
 def deepspeed_zero_bytes(
     params: int,
     world_size: int,
@@ -67,6 +69,11 @@ def deepspeed_zero_bytes(
     return largest + int(18 * p / n)
 
 
+@checks.arguments(
+    gpu_memory_bytes=checks.whole(at_least=1),
+    param_bytes=checks.number(above=0),
+    grad_bytes=checks.number(above=0),
+)
 def min_gpus(
     estimate: MemoryEstimate,
     gpu_memory_bytes: int,
