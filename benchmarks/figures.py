@@ -1,12 +1,14 @@
 """Regenerate the documentation's pictures (needs the ``plot`` extra; no GPU).
 
-* ``docs/img/memory_breakdown.png``: where the memory of one GPT-2 training step goes
-  (batch 8, seq 1024, RTX 3060 12GB), as stacked bars for each knob: fp32, bf16 mixed
-  precision, + gradient checkpointing, + 8-bit AdamW, and bf16 inference; the card's
-  memory as a line.
-* ``docs/img/memory_vs_batch.png``: device memory against batch size for the README's
-  plan (``torchfit plan gpt2 --gpu "RTX 3060" --seq 1024 --batch 8 --plot ...`` draws the
-  same picture through ``torchfit.memory.plan.plot.plot_plan``).
+* ``docs/img/memory_breakdown.png`` (home page): where the memory of one training step of
+  Qwen2.5-1.5B goes (batch 1 x 2048 tokens, RTX 4090 24GB), as stacked bars, one per way
+  to train it: full fine-tuning in fp32, in bf16 mixed precision, with gradient
+  checkpointing, with 8-bit AdamW, in pure bf16; LoRA; QLoRA; and bf16 inference. Each
+  bar is the step's peak, labelled with where the peak is; the card's memory is a line
+  and the region past it is shaded.
+* ``docs/img/memory_vs_batch.png`` (recipes page): device memory against batch size for
+  the QLoRA recipe, ``torchfit plan llama-2-7b --gpu "RTX 4090" --train --dtype nf4
+  --checkpointing --plot ...``, drawn by the same ``plot_plan`` the command uses.
 
 Every figure comes from analytic estimates: deterministic for a given torchfit and
 matplotlib. Run: python benchmarks/figures.py [--out docs/img]
@@ -25,22 +27,28 @@ import matplotlib.pyplot as plt
 
 import torchfit
 from torchfit.memory import estimate, to_device
-from torchfit.memory.plan.plot import plot_plan
+from torchfit.memory.plan.plot import YLABEL, plot_plan
 from torchfit.memory.result import MemoryEstimate
 
 GiB = 2**30
-MODEL, CARD, BATCH, SEQ = "gpt2", "RTX 3060", 8, 1024
+MODEL, CARD, BATCH, SEQ = "Qwen/Qwen2.5-1.5B", "RTX 4090", 1, 2048
+CHECKPOINTING = {"gradient_checkpointing": True}
+ADAPTERS = {"lora_rank": 16, "lora_targets": ["q_proj", "v_proj"]}
+LORA = {"precision": "bf16-true", **ADAPTERS}
 
 #: (label, estimate keyword arguments) for the breakdown bars, top to bottom.
 KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("fp32", {"dtype": "fp32"}),
-    ("bf16 mixed precision", {"dtype": "bf16"}),
-    ("bf16 + checkpointing", {"dtype": "bf16", "gradient_checkpointing": True}),
+    ("full fine-tune, fp32", {"dtype": "fp32"}),
+    ("full, bf16 mixed precision", {"dtype": "bf16"}),
+    ("full, bf16 mixed\n+ checkpointing", {"dtype": "bf16", **CHECKPOINTING}),
     (
-        "bf16 + checkpointing\n+ 8-bit AdamW",
-        {"dtype": "bf16", "gradient_checkpointing": True, "optimizer": "adamw-8bit"},
+        "full, bf16 mixed + checkp.\n+ 8-bit AdamW",
+        {"dtype": "bf16", "optimizer": "adamw-8bit", **CHECKPOINTING},
     ),
-    ("bf16 inference", {"dtype": "bf16", "mode": "inference", "optimizer": None}),
+    ("full, pure bf16\n+ checkpointing", {"precision": "bf16-true", **CHECKPOINTING}),
+    ("LoRA r=16, bf16 base\n+ checkpointing", {**LORA, **CHECKPOINTING}),
+    ("QLoRA r=16, nf4 base\n+ checkpointing", {"dtype": "nf4", **ADAPTERS, **CHECKPOINTING}),
+    ("inference, bf16", {"dtype": "bf16", "mode": "inference", "optimizer": None}),
 )
 
 #: Stacked segments: (label, colour, bytes of an estimate taken to the device).
@@ -50,7 +58,8 @@ SEGMENTS = (
     ("optimizer state", "#c44e52", lambda e: e.optimizer),
     ("activations", "#dd8452", lambda e: e.activations),
     ("KV cache", "#8172b3", lambda e: e.kv_cache),
-    ("workspace + other", "#937860", lambda e: e.workspace + e.overhead),
+    ("workspace (transients, see caption)", "#937860", lambda e: e.workspace),
+    ("autocast copies, rounding", "#da8bc3", lambda e: e.overhead),
     ("allocator slack", "#bbbbbb", lambda e: e.reserved - e.total),
     ("CUDA context", "#555555", lambda e: e.context),
 )
@@ -63,33 +72,50 @@ def device_estimate(**kwargs: Any) -> MemoryEstimate:
 
 def breakdown(path: Path) -> None:
     card = torchfit.gpu(CARD)
+    limit = card.memory / GiB
     rows = [(label, device_estimate(**kwargs)) for label, kwargs in KNOBS]
-    figure, axes = plt.subplots(figsize=(8, 5))
-    positions = range(len(rows))[::-1]
+    figure, axes = plt.subplots(figsize=(9, 6))
+    positions = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
-    for name, colour, value in SEGMENTS:
+    for name, colour, value in SEGMENTS:  # every category in the legend, zero or not
         widths = [value(e) / GiB for _, e in rows]
-        if not any(widths):
-            continue
-        axes.barh(list(positions), widths, left=left, color=colour, label=name, height=0.6)
+        axes.barh(positions, widths, left=left, color=colour, label=name, height=0.6)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    right = max(*left, card.memory / GiB)
-    for y, (_, e) in zip(positions, rows, strict=True):  # totals in a column past the bars
-        axes.text(right * 1.02, y, f"{e.device_total / GiB:.1f} GiB", va="center")
-    axes.axvline(card.memory / GiB, color="red", linestyle="--", label=card.name)
-    axes.set_yticks(list(positions), [label for label, _ in rows])
-    axes.set_xlabel("GiB (device total, as nvidia-smi would show it)")
-    axes.set_xlim(0, right * 1.16)
-    axes.set_title(f"GPT-2 (124M), batch {BATCH} x {SEQ} tokens: where the memory goes")
-    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.45, -0.16), ncols=4)
+    right = max(*left, limit) * 1.5  # room for the labels past the longest bar
+    axes.axvspan(limit, right, color="#d62728", alpha=0.08, linewidth=0)
+    axes.axvline(limit, color="#d62728", linestyle="--")
+    axes.text(limit, len(rows) - 0.45, f" {card.name}: {limit:.0f} GiB", color="#d62728")
+    for y, (_, e) in zip(positions, rows, strict=True):  # the total and where the peak is
+        total = e.device_total / GiB
+        fits = e.device_total <= card.memory
+        axes.text(
+            total + 0.4,
+            y,
+            f"{total:.1f} GiB, {'fits' if fits else 'does not fit'}\npeak: {e.peak_at}",
+            va="center",
+            color="black" if fits else "#b22222",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1},
+        )
+    axes.set_yticks(positions, [label for label, _ in rows], fontsize=9)
+    axes.set_xlabel(YLABEL)
+    axes.set_xlim(0, right)
+    axes.set_ylim(-0.6, len(rows) - 0.1)
+    axes.set_title(
+        f"Qwen2.5-1.5B, batch {BATCH} x {SEQ} tokens, AdamW, on {card.name}:\n"
+        "where the memory of one training step goes",
+        fontsize=11,
+    )
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.42, -0.1), ncols=3)
     figure.tight_layout()
     figure.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(figure)
 
 
 def memory_vs_batch(path: Path) -> None:
-    plan = torchfit.fits(MODEL, CARD, mode="train", dtype="bf16", seq_len=SEQ, batch_size=BATCH)
-    plot_plan(MODEL, plan, str(path))
+    plan = torchfit.fits(
+        "llama-2-7b", "RTX 4090", mode="train", dtype="nf4", gradient_checkpointing=True
+    )
+    plot_plan("llama-2-7b", plan, str(path))
 
 
 def main() -> None:

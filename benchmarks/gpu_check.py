@@ -1,33 +1,57 @@
-"""The estimators against real CUDA: allocated, reserved and device totals.
+"""The estimators against real CUDA: allocated, reserved, device totals, context.
 
-Run on a machine with a CUDA GPU (under 5 minutes on one GPU):
+Run on a machine with a CUDA GPU (about 3 minutes on one GPU, 1 with ``--quick``):
 
-    python benchmarks/gpu_check.py            # prints a Markdown table
-    python benchmarks/gpu_check.py --quick    # two models only
+    python benchmarks/gpu_check.py            # prints Markdown tables
+    python benchmarks/gpu_check.py --quick    # three steps only
 
-For each model and step it measures ``max_memory_allocated``, ``max_memory_reserved`` and
-the process's device usage (``torch.cuda.mem_get_info`` before/after, which includes the
-CUDA context), and prints torchfit's analytic estimate (allocated), its allocator model
-(reserved) and its device total (reserved + context) beside them.
+First the CUDA context: ``torch.cuda.mem_get_info`` after the first tensor, less what the
+allocator reserved, against `cuda_context_bytes` for this CUDA version. Then, for each
+step (fp32; CUDA autocast; pure bf16; gradient accumulation; the output kept through
+backward; eager attention under fp16 autocast; a CNN), the real step's
+``max_memory_allocated`` and ``max_memory_reserved`` (`measure_step` on the GPU) beside
+the analytic estimate and the CUDA-target trace of the same step, and the device total
+(reserved + context, what nvidia-smi shows) beside `to_device`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import os
 import sys
+from typing import Any
 
 import torch
 import transformers
 
 from torchfit import format_bytes
-from torchfit.memory import estimate, measure_step, to_device
+from torchfit.memory import (
+    cuda_context_bytes,
+    current_gpu,
+    estimate,
+    measure_step,
+    to_device,
+    trace,
+)
 from torchfit.memory.catalog import build_model
 
 transformers.logging.set_verbosity_error()
 
 
-def _zoo(*, quick: bool):
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step to measure: the model, the batch and the knobs the estimators take."""
+
+    label: str
+    config: Any
+    batch: int
+    seq: int | None
+    knobs: dict[str, Any]
+
+
+def _steps(*, quick: bool) -> list[Step]:
     gpt2 = transformers.GPT2Config(n_layer=6, n_embd=512, n_head=8, vocab_size=32000)
     llama = transformers.LlamaConfig(
         hidden_size=512,
@@ -44,6 +68,7 @@ def _zoo(*, quick: bool):
         num_hidden_layers=6,
         num_attention_heads=8,
         vocab_size=30522,
+        attn_implementation="eager",
     )
     resnet = transformers.ResNetConfig(
         embedding_size=64,
@@ -52,81 +77,104 @@ def _zoo(*, quick: bool):
         layer_type="basic",
         num_labels=1000,
     )
-    cases = [
-        ("GPT-2 6L-512 fp32", gpt2, "fp32", 8, 512),
-        ("Llama 6L-512 GQA bf16", llama, "bf16", 8, 1024),
+    steps = [
+        Step("GPT-2 6L-512", gpt2, 8, 512, {"precision": "32-true"}),
+        Step("GPT-2 6L-512, CUDA autocast", gpt2, 16, 512, {"precision": "bf16-mixed"}),
+        Step("Llama 6L-512 GQA, pure bf16", llama, 8, 1024, {"precision": "bf16-true"}),
     ]
     if not quick:
-        cases += [
-            ("GPT-2 6L-512 bf16 AMP", gpt2, "bf16", 16, 512),
-            ("BERT 6L-512 fp32", bert, "fp32", 16, 256),
-            ("ResNet-18-like fp32 224", resnet, "fp32", 32, None),
+        steps += [
+            Step(
+                "Llama, pure bf16, 4 accumulation steps",
+                llama,
+                4,
+                1024,
+                {"precision": "bf16-true", "gradient_accumulation_steps": 4},
+            ),
+            Step(
+                "Llama, output kept through backward",
+                llama,
+                8,
+                1024,
+                {"precision": "bf16-true", "keep_output": True},
+            ),
+            Step("BERT 6L-512 eager, fp16 autocast", bert, 16, 256, {"precision": "16-mixed"}),
+            Step("ResNet-18-like, 224", resnet, 32, None, {"precision": "32-true"}),
         ]
-    return cases
+    return steps
 
 
-def _inputs(config, batch, seq, device):
-    if seq is None:
-        return torch.randn(batch, 3, 224, 224, device=device)
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+def _inputs(step: Step) -> Any:
+    if step.seq is None:
+        return torch.randn(step.batch, 3, 224, 224, device="cuda")
+    ids = torch.randint(0, step.config.vocab_size, (step.batch, step.seq), device="cuda")
     return {"input_ids": ids, "labels": ids}
 
 
+def _err(predicted: int, real: int) -> str:
+    return f"{(predicted - real) / real:+.1%}" if real else "n/a"
+
+
+def _context() -> int:
+    torch.ones(1, device="cuda")  # creates the context
+    free, total = torch.cuda.mem_get_info()
+    real = total - free - torch.cuda.memory_reserved()
+    modelled = cuda_context_bytes(cuda_version=torch.version.cuda)
+    loading = os.environ.get("CUDA_MODULE_LOADING", "(default: LAZY)")
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, CUDA_MODULE_LOADING={loading}\n\n"
+        f"| CUDA context | measured | torchfit | err |\n|---|---|---|---|\n"
+        f"| after the first tensor | {format_bytes(real)} | {format_bytes(modelled)} | "
+        f"{_err(modelled, real)} |\n"
+    )
+    return real
+
+
+def _row(step: Step, context: int) -> str:
+    model = build_model(step.config, device="cuda", dtype="fp32")
+    inputs = _inputs(step)
+    shape = {"seq_len": step.seq} if step.seq else {"input_shape": (3, 224, 224)}
+    real = measure_step(model, inputs, optimizer="adamw", device="cuda", **step.knobs)
+    card = current_gpu()
+    analytic = to_device(
+        estimate(step.config, batch_size=step.batch, device="cuda", **shape, **step.knobs),
+        gpu=card,
+        context_bytes=context,
+    )
+    traced = trace(model, inputs, optimizer="adamw", device="cuda", gpu=card, **step.knobs)
+    reserved = real.reserved or 0
+    device = context + reserved
+    shape_text = f"b{step.batch}" + (f" s{step.seq}" if step.seq else "")
+    row = (
+        f"| {step.label} {shape_text} | {format_bytes(real.peak)} | "
+        f"{_err(analytic.total, real.peak)} | {_err(traced.total, real.peak)} | "
+        f"{format_bytes(reserved)} | {_err(analytic.reserved, reserved)} | "
+        f"{_err(traced.reserved, reserved)} | {format_bytes(device)} | "
+        f"{_err(analytic.device_total, device)} |"
+    )
+    del model, inputs, real
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
 def main() -> int:
+    """Print the context table, then one row per step."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu_check.py needs a CUDA GPU; none is available here")
         return 1
-    torch.ones(1, device="cuda")  # creates the context
-    free, total = torch.cuda.mem_get_info()
-    context_real = total - free - torch.cuda.memory_reserved()
-    name = torch.cuda.get_device_name(0)
+    context = _context()
     print(
-        f"GPU: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-        f"context {format_bytes(context_real)}\n"
+        "| step | allocated (real) | analytic err | trace err | reserved (real) | "
+        "analytic err | trace err | device (real) | analytic err |"
     )
-    print(
-        "| model | step | allocated (real) | analytic | err | reserved (real) | "
-        "reserved (model) | err | device (real) | device (model) | err |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for label, config, dtype, batch, seq in _zoo(quick=args.quick):
-        mixed = dtype != "fp32"
-        model = build_model(config, device="cuda", dtype="fp32")
-        inputs = _inputs(config, batch, seq, "cuda")
-
-        def loss_fn(output):
-            return output.logits.float().sum()
-
-        step_dtype = torch.bfloat16 if mixed else None
-        with torch.autocast("cuda", dtype=step_dtype or torch.float32, enabled=mixed):
-            real = measure_step(
-                model, inputs, optimizer="adamw", device="cuda", loss_fn=None if seq else loss_fn
-            )
-        device_real = context_real + (real.reserved or 0)
-        kwargs = {"seq_len": seq} if seq else {"input_shape": (3, 224, 224)}
-        predicted = to_device(
-            estimate(config, batch_size=batch, dtype=dtype, device="cuda", **kwargs),
-            gpu=None,
-        )
-
-        def err(a, b):
-            return f"{(a - b) / b:+.1%}"
-
-        print(
-            f"| {label} | train b{batch}" + (f" s{seq}" if seq else "") + " | "
-            f"{format_bytes(real.peak)} | {format_bytes(predicted.total)} | "
-            f"{err(predicted.total, real.peak)} | {format_bytes(real.reserved)} | "
-            f"{format_bytes(predicted.reserved)} | {err(predicted.reserved, real.reserved)} | "
-            f"{format_bytes(device_real)} | {format_bytes(predicted.device_total)} | "
-            f"{err(predicted.device_total, device_real)} |",
-            flush=True,
-        )
-        del model, inputs, real
-        gc.collect()
-        torch.cuda.empty_cache()
+    print("|---|---|---|---|---|---|---|---|---|")
+    for step in _steps(quick=args.quick):
+        print(_row(step, context), flush=True)
     return 0
 
 

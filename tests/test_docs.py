@@ -12,14 +12,21 @@ that forgot the ``docs`` extra cannot pass by skipping it.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
 import unicodedata
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
+
+import torchfit
+from torchfit import memory
+from torchfit.cli import main as torchfit_main
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -151,31 +158,110 @@ def _find(name: str) -> object:
         return None
 
 
-def test_site_builds_strict_without_warnings(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this module with ``mkdocs build --strict``: no warning."""
     _require_mkdocs()
-    site = tmp_path / "site"
+    out = tmp_path_factory.mktemp("site")
     command = [sys.executable, "-m", "mkdocs", "build", "--strict"]
-    command += ["--config-file", str(CONFIG), "--site-dir", str(site)]
+    command += ["--config-file", str(CONFIG), "--site-dir", str(out)]
     result = subprocess.run(
         command,
         capture_output=True,
         text=True,
         timeout=300,
         cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         check=False,
     )
     log = result.stdout + result.stderr
     warnings = [line for line in log.splitlines() if re.match(r"^(WARNING|ERROR)\b", line)]
     assert result.returncode == 0, log
     assert not warnings, "\n".join(warnings)
+    return out
+
+
+def _html(site: Path, page: str) -> str:
+    return (site / page / "index.html").read_text(encoding="utf-8")
+
+
+def test_site_builds_strict_without_warnings(site):
     # The API reference was generated from the docstrings, not left empty.
-    memory = (site / "reference" / "memory" / "index.html").read_text(encoding="utf-8")
+    assert 'id="torchfit.memory.fits"' in _html(site, "reference/plan")
+    estimate = _html(site, "reference/estimate")
     for anchor in ("torchfit.memory.MemoryEstimate", "torchfit.memory.estimate"):
-        assert f'id="{anchor}"' in memory
+        assert f'id="{anchor}"' in estimate
     # Example: sections render as code (docs/_griffe_examples.py), not as block quotes.
-    loaders = (site / "reference" / "loaders" / "index.html").read_text(encoding="utf-8")
+    loaders = _html(site, "reference/loaders")
     assert "<blockquote>" not in loaders
     assert 'class="gp">&gt;&gt;&gt; </span>' in loaders
+
+
+def test_site_shows_the_version_and_the_changelog(site):
+    assert f"torchfit {torchfit.__version__}" in _html(site, "")
+    assert "Unreleased" in _html(site, "changelog")
+
+
+def test_site_loads_nothing_from_other_servers(site):
+    # Scripts, styles, fonts and images come with the site: it reads the same offline.
+    external = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
+    found = {
+        f"{page.relative_to(site)}: {match}"
+        for page in site.rglob("*.html")
+        for match in external.findall(page.read_text(encoding="utf-8"))
+    }
+    assert sorted(found) == []
+
+
+_HTML_HEADING_ID = re.compile(r"<h[1-6]\b[^>]*\bid=\"([^\"]*)\"")
+
+
+def test_no_heading_id_in_the_built_site_starts_with_a_digit(site):
+    # "#1-will-it-fit" is not a valid CSS selector: the theme's scripts stop on it.
+    bad = {
+        f"{page.relative_to(site)}: #{anchor}"
+        for page in site.rglob("*.html")
+        for anchor in _HTML_HEADING_ID.findall(page.read_text(encoding="utf-8"))
+        if not anchor[:1].isalpha()
+    }
+    assert sorted(bad) == []
+    assert len(_HTML_HEADING_ID.findall(_html(site, "getting-started"))) > 3  # ids were seen
+
+
+def returns_rows(html: str, anchor: str) -> int:
+    """Rows of the Returns table of the object whose heading has id ``anchor``."""
+    start = html.index(f'id="{anchor}"')
+    end = html.find('class="doc doc-heading"', html.index(">", start))  # the next object
+    section = html[start : end if end != -1 else len(html)]
+    returns = section.index("Returns:</span>")
+    table = section[returns : section.index("</table>", returns)]
+    return table.count('<tr class="doc-section-item">')
+
+
+@pytest.mark.parametrize(
+    ("page", "anchor"),
+    [
+        ("reference/trace", "torchfit.memory.trace"),
+        ("reference/trace", "torchfit.memory.trace_step"),
+        ("reference/measure", "torchfit.memory.measure_step"),
+        ("reference/several-gpus", "torchfit.memory.shard_estimate"),
+    ],
+)
+def test_a_multi_line_returns_section_is_one_entry(site, page, anchor):
+    assert returns_rows(_html(site, page), anchor) == 1
+
+
+def test_every_public_name_of_torchfit_memory_is_on_one_reference_page():
+    directive = re.compile(r"^::: torchfit\.memory\.(\w+)\s*$", re.MULTILINE)
+    documented = [
+        name
+        for page in sorted((DOCS / "reference").glob("*.md"))
+        for name in directive.findall(page.read_text(encoding="utf-8"))
+    ]
+    twice = sorted({name for name in documented if documented.count(name) > 1})
+    assert twice == []
+    assert sorted(set(memory.__all__) - set(documented)) == [], "add them to docs/reference/"
+    assert sorted(set(documented) - set(memory.__all__)) == []
 
 
 @pytest.mark.parametrize("page", _doc_pages(), ids=lambda p: str(p.relative_to(DOCS)))
@@ -193,6 +279,36 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
     assert "index.md" in nav  # the parser found the nav at all
     assert sorted(pages - set(nav)) == [], "pages missing from the nav in mkdocs.yml"
     assert sorted(set(nav) - pages) == [], "nav entries with no file under docs/"
+
+
+def headings(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, text, explicit id or None) of every Markdown heading of a page, outside code."""
+    found: list[tuple[int, str, str | None]] = []
+    for number, line in _prose_lines(path.read_text(encoding="utf-8")):
+        heading = _HEADING.match(line)
+        if heading is not None:
+            explicit = _EXPLICIT_ID.findall(heading.group(2))
+            found.append((number, heading.group(2), explicit[-1] if explicit else None))
+    return found
+
+
+def heading_id_problems(path: Path) -> list[str]:
+    """Headings without an explicit ``{#id}``, or whose id does not start with a letter."""
+    problems: list[str] = []
+    for number, text, anchor in headings(path):
+        where = f"{path.name}:{number}: {text!r}"
+        if anchor is None:
+            problems.append(f"{where} has no explicit id: end it with {{#{_slug(text)}}}")
+        elif not anchor[:1].isalpha():
+            problems.append(f"{where}: #{anchor} starts with a digit (not a CSS selector)")
+    return problems
+
+
+@pytest.mark.parametrize("page", _doc_pages(), ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_heading_has_an_explicit_id_that_starts_with_a_letter(page):
+    # Explicit ids keep links stable when a heading is reworded, and an id that starts
+    # with a digit breaks the theme's scripts (section tracking, keyboard navigation).
+    assert heading_id_problems(page) == []
 
 
 # -- the checkers themselves catch what they are for --------------------------------------
@@ -234,6 +350,59 @@ def test_link_checker(tmp_path, line, problem):
         assert problem in problems[0]
 
 
+@pytest.mark.parametrize(
+    ("heading", "problem"),
+    [
+        ("## Fine {#fine}", None),
+        ("## Also fine {: #also-fine .class }", None),
+        ("## No id", "has no explicit id: end it with {#no-id}"),
+        ("## 1. Will it fit? {#1-will-it-fit}", "starts with a digit"),
+    ],
+)
+def test_heading_id_checker(tmp_path, heading, problem):
+    page = tmp_path / "page.md"
+    page.write_text(f"{heading}\n\n```python\n# a comment, not a heading\n```\n", "utf-8")
+    problems = heading_id_problems(page)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1
+        assert problem in problems[0]
+
+
+def _load_build_module(name: str) -> Any:
+    """A build module beside the pages (docs/_hooks.py, docs/_griffe_examples.py)."""
+    pytest.importorskip("griffe" if name == "_griffe_examples" else "markdown")
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hooks_read_the_version_and_keep_ids_away_from_digits(tmp_path):
+    hooks = _load_build_module("_hooks")
+    assert hooks.package_version() == torchfit.__version__
+    init = tmp_path / "__init__.py"
+    init.write_text('"""No version here."""\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="assigns no __version__"):
+        hooks.package_version(init)
+    assert hooks.heading_id("[0.2.0] - 2026-01-31", "-") == "section-020-2026-01-31"
+    assert hooks.heading_id("Will it fit?", "-") == "will-it-fit"
+
+
+def test_griffe_extension_reads_returns_as_one_value():
+    extension = _load_build_module("_griffe_examples")
+    doc = (
+        "Trace a step.\n\n    Returns:\n        A `MemoryEstimate` at the peak: weights,\n"
+        "        gradients.\n\n    Example:\n        >>> 1\n        1\n"
+    )
+    rewritten = extension.house_style(doc)
+    assert "Returns:\n        : A `MemoryEstimate` at the peak: weights,\n" in rewritten
+    assert "    Examples:\n" in rewritten
+    assert extension.house_style(rewritten) == rewritten  # applied twice, changed once
+
+
 def test_slug_matches_python_markdown_toc():
     assert _slug("`decode`: 5.21 ms/sample wall, 1.96 ms CPU; batch 16") == (
         "decode-521-mssample-wall-196-ms-cpu-batch-16"
@@ -263,6 +432,7 @@ def python_blocks(page: Path) -> list[str]:
 #: Pages whose Python blocks are one script, run top to bottom as a reader would.
 #: Blocks that load a real checkpoint ("path/to/...") are illustrations and left out.
 SNIPPET_PAGES = (
+    "recipes.md",
     "getting-started.md",
     "loaders.md",
     "precision.md",
@@ -296,3 +466,135 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()  # every page prints what it shows
+
+
+# -- commands shown with their output: the page cannot drift from what they print ---------
+
+_FENCED = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: A line of an output block that stands for lines left out.
+ELISION = "..."
+
+
+class ShownCommand(NamedTuple):
+    """A ``torchfit`` command in a ```bash block and the ```text block right after it."""
+
+    page: Path
+    line: int
+    command: str
+    output: list[str]
+
+
+def shown_commands(page: Path) -> list[ShownCommand]:
+    """Every ``torchfit`` command of a page that is followed by its output."""
+    text = page.read_text(encoding="utf-8")
+    blocks = list(_FENCED.finditer(text))
+    shown: list[ShownCommand] = []
+    for block, after in itertools.pairwise(blocks):
+        command = block["body"].replace("\\\n", " ").strip()
+        between = text[block.end() : after.start()]
+        if block["info"].strip() != "bash" or not command.startswith("torchfit "):
+            continue
+        if "\n" in command or between.strip() or not after["info"].startswith("text"):
+            continue
+        line = text.count("\n", 0, block.start()) + 1
+        output = [row.rstrip() for row in after["body"].rstrip().splitlines()]
+        shown.append(ShownCommand(page, line, " ".join(command.split()), output))
+    return shown
+
+
+def output_mismatch(shown: list[str], actual: list[str]) -> str | None:
+    """Why ``actual`` is not what ``shown`` shows, or None when it is.
+
+    A line ``...`` in ``shown`` stands for any lines (none included); every other line must
+    appear in ``actual`` as shown, in order, and the first and last lines are the output's
+    own first and last lines unless an elision stands before or after them.
+    """
+    chunks: list[list[str]] = [[]]
+    for row in shown:
+        if row == ELISION:
+            chunks.append([])
+        else:
+            chunks[-1].append(row)
+    position = 0
+    for index, chunk in enumerate(chunks):
+        if not chunk:
+            continue
+        last = index == len(chunks) - 1
+        if index == 0:
+            candidates = [0]
+        elif last:
+            candidates = [len(actual) - len(chunk)]
+        else:
+            candidates = range(position, len(actual) - len(chunk) + 1)
+        found = next(
+            (at for at in candidates if at >= position and actual[at : at + len(chunk)] == chunk),
+            None,
+        )
+        if found is None:
+            where = "first" if index == 0 else "last" if last else "next"
+            return f"the {where} shown lines are not the output's: {chunk[0]!r} ... {chunk[-1]!r}"
+        position = found + len(chunk)
+    if chunks[-1] and position != len(actual):
+        return f"the output goes on after the last shown line: {actual[position]!r}"
+    return None
+
+
+SHOWN = [shown for page in [*_doc_pages(), REPO / "README.md"] for shown in shown_commands(page)]
+
+
+@pytest.mark.parametrize("shown", SHOWN, ids=lambda s: f"{s.page.relative_to(REPO)}:{s.line}")
+def test_a_shown_command_prints_what_the_page_shows(shown, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # --plot writes where the reader stands
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    argv = shlex.split(shown.command)
+    assert torchfit_main(argv[1:]) == 0, capsys.readouterr().err
+    actual = [row.rstrip() for row in capsys.readouterr().out.rstrip().splitlines()]
+    problem = output_mismatch(shown.output, actual)
+    assert problem is None, f"{problem}\n$ {shown.command}\n" + "\n".join(actual)
+
+
+def test_every_recipe_command_shows_its_output():
+    page = DOCS / "recipes.md"
+    commands = [
+        block["body"]
+        for block in _FENCED.finditer(page.read_text(encoding="utf-8"))
+        if block["info"].strip() == "bash" and block["body"].startswith("torchfit ")
+    ]
+    checked = shown_commands(page)
+    assert len(checked) == len(commands) >= 12
+    assert not [s for s in checked if not s.output], "an output block is empty"
+
+
+@pytest.mark.parametrize(
+    ("shown", "problem"),
+    [
+        (["a", "b", "c"], None),
+        (["a", "...", "c"], None),
+        (["...", "b", "..."], None),
+        (["a", "...", "b", "...", "c"], None),
+        (["a", "b"], "the output goes on"),
+        (["b", "c"], "the first shown lines"),
+        (["a", "...", "x", "...", "c"], "the next shown lines"),
+        (["a", "...", "b", "...", "a"], "the last shown lines"),
+        (["a", "b", "c", "d"], "the first shown lines"),
+        (["...", "b"], "the last shown lines"),
+        (["a", "..."], None),
+    ],
+)
+def test_output_matcher(shown, problem):
+    result = output_mismatch(shown, ["a", "b", "c"])
+    assert result == problem or (problem is not None and result.startswith(problem))
+
+
+def test_shown_commands_are_read_with_their_continuations(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        '# T {#t}\n\n```bash\ntorchfit plan gpt2 \\\n    --gpu "RTX 3060"\n```\n\n'
+        '```text title="output"\nline 1\n...\n```\n\n```bash\ntorchfit gpus\n```\n\n'
+        "Prose between: not an output.\n\n```text\nx\n```\n",
+        encoding="utf-8",
+    )
+    assert shown_commands(page) == [
+        ShownCommand(page, 3, 'torchfit plan gpt2 --gpu "RTX 3060"', ["line 1", "..."])
+    ]

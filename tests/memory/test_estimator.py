@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchfit.memory import estimate, measure_step
+from torchfit.memory import estimate, measure_step, model_config
 from torchfit.memory.analytic.arch import describe
 
 transformers = pytest.importorskip("transformers")
@@ -283,7 +283,12 @@ def test_quantized_weights_and_lora():
     # the adapters' fp32 master weights sit beside the quantized base
     assert qlora.weights == nf4.weights + 4 * 20_000_000
     lora = estimate(
-        "llama-2-7b", batch_size=1, seq_len=512, dtype="bf16", trainable_params=20_000_000
+        "llama-2-7b",
+        batch_size=1,
+        seq_len=512,
+        dtype="bf16",
+        trainable_params=20_000_000,
+        base_dtype="fp32",  # a base loaded in fp32: autocast copies every weight it uses
     )
     # bitsandbytes' matmuls save the quantized weight and dequantize in their own
     # backward: autocast keeps 16-bit copies of the adapters only, not of the 6.5B base
@@ -375,3 +380,14 @@ def test_vision_configs_within_tolerance_of_real_peak(config, batch):
     real = measure_step(model, torch.randn(batch, *shape), optimizer="adamw")
     predicted = estimate(config, batch_size=batch, input_shape=shape, device="cpu")
     _check(predicted, real)
+
+
+def test_a_frozen_base_under_autocast_stays_in_its_checkpoint_dtype():
+    common = dict(batch_size=1, seq_len=512, dtype="bf16", trainable_params=20_000_000)
+    inferred = estimate("llama-2-7b", **common)  # Llama-2's config records float16
+    fp32 = estimate("llama-2-7b", base_dtype="fp32", **common)
+    spec = describe(model_config("llama-2-7b"))
+    frozen = spec.num_params - 20_000_000
+    assert inferred.weights == frozen * 2 + 20_000_000 * 4
+    assert fp32.weights == spec.num_params * 4
+    assert inferred.overhead < 0.01 * fp32.overhead  # no autocast copies of a 16-bit base

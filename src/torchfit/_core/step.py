@@ -306,17 +306,20 @@ def run_step(
     """One step. Train: forward, loss, backward per micro-batch, optimizer step, ``zero_grad``.
 
     Inference: forward under ``torch.inference_mode`` (the output is dropped at the end).
-    With ``autocast_dtype``, ``torch.autocast("cpu", ...)`` wraps forward and loss only,
+    With ``autocast_dtype``, ``torch.autocast`` (on the model's device) wraps forward and loss only,
     not backward or the optimizer step, as PyTorch recommends. ``loop`` says how many
     micro-batches (each on ``example_inputs``) run before the optimizer step, whether the
     output stays referenced through backward, and ``zero_grad``'s ``set_to_none`` (which
     then overrides ``set_to_none``).
     """
     loop = Loop(set_to_none=set_to_none, keep_output=False) if loop is None else loop
+    # autocast on the device the model runs on (fake tensors of a trace say "cpu")
+    first = next(model.parameters(), None)
+    device_type = "cuda" if first is not None and first.device.type == "cuda" else "cpu"
     autocast = (
         contextlib.nullcontext()
         if autocast_dtype is None
-        else torch.autocast("cpu", dtype=autocast_dtype)
+        else torch.autocast(device_type, dtype=autocast_dtype)
     )
     if mode is Mode.INFERENCE:
         with torch.inference_mode(), autocast:

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from torchfit import __version__
 from torchfit._core.units import format_bytes
@@ -176,6 +176,8 @@ def _plan(args: argparse.Namespace) -> int:
         lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
         bitsandbytes_version=args.bitsandbytes_version,
         double_quant=args.double_quant,
+        quantize_head=args.quantize_head,
+        base_dtype=args.base_dtype,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(
@@ -194,6 +196,7 @@ def _plan(args: argparse.Namespace) -> int:
         if placed is not None:
             data["device_map"] = placed.to_dict()
         print(json.dumps(data, indent=2))
+        _wrote_plot(args.plot, file=sys.stderr)  # stdout stays one JSON document
         return 0
     print(plan)
     if traced is not None:
@@ -202,7 +205,14 @@ def _plan(args: argparse.Namespace) -> int:
     if placed is not None:
         print()
         print(placed)
+    _wrote_plot(args.plot, file=sys.stdout)
     return 0
+
+
+def _wrote_plot(path: str | None, *, file: TextIO) -> None:
+    """Say where ``--plot`` wrote its picture (nothing without ``--plot``)."""
+    if path is not None:
+        print(f"plot: {path} (device memory against batch size; the card's limit)", file=file)
 
 
 def _model_of(args: argparse.Namespace) -> Any:

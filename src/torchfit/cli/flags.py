@@ -69,6 +69,16 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
     )
     plan.add_argument(
+        "--base-dtype",
+        default=None,
+        help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's)",
+    )
+    plan.add_argument(
+        "--quantize-head",
+        action="store_true",
+        help="with --dtype nf4/int8: the output head quantized too (kept 16-bit by default)",
+    )
+    plan.add_argument(
         "--loss-chunk",
         type=int,
         default=None,

@@ -34,7 +34,12 @@ from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
 from torchfit.memory.analytic.formulas import FP32, parse_attention
 from torchfit.memory.analytic.transformer import estimate_transformer
-from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
+from torchfit.memory.catalog.build import (
+    experts_on_fake_tensors,
+    instantiate,
+    model_class_for,
+    recorded_dtype,
+)
 from torchfit.memory.catalog.inputs import (
     DEFAULT_SEQUENCE,
     example_batch,
@@ -96,6 +101,8 @@ def estimate(
     lora_dropout: float | None = None,
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
+    quantize_head: bool = False,
+    base_dtype: str | DType | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -160,6 +167,11 @@ def estimate(
         double_quant: With a 4-bit ``dtype``: the absmax values quantized again
             (``bnb_4bit_use_double_quant``, torchfit.quantize's default); ``False``: one
             fp32 absmax per 64 weights.
+        quantize_head: The output head is quantized too (transformers keeps it in 16 bits
+            unless your skip list leaves it out); not possible for a tied head.
+        base_dtype: The dtype a frozen base (LoRA under mixed precision) is held in.
+            Default: the checkpoint's (the config's ``dtype``), as ``from_pretrained``
+            loads it; ``"fp32"`` for a base loaded in fp32 (Lightning's ``*-mixed``).
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -239,6 +251,8 @@ def estimate(
             lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout),
             bitsandbytes_version=bitsandbytes_version,
             double_quant=double_quant,
+            quantize_head=quantize_head,
+            base_dtype=_base_dtype(config, base_dtype),
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):
@@ -260,6 +274,14 @@ def estimate(
             "torchfit.memory.trace(build_model(name), batch) (torchfit plan --trace)"
         )
     return _by_meta_pass(config, seq_len=seq_len, attention=attn_implementation, **options)
+
+
+def _base_dtype(config: Any, given: str | DType | None) -> DType | None:
+    """The frozen base's dtype: as given, else the one the checkpoint records."""
+    if given is not None:
+        return parse_dtype(given)
+    recorded = recorded_dtype(config)
+    return None if recorded is None else parse_dtype(recorded)
 
 
 def _noted(found: MemoryEstimate, method: str) -> MemoryEstimate:

@@ -3,7 +3,7 @@
 import pytest
 
 from torchfit.memory import MemoryEstimate, cuda_context_bytes, to_device
-from torchfit.memory.allocator.device import (
+from torchfit.memory.allocator.context import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     EAGER_CUDA_CONTEXT_BYTES,
     PRE_LAZY_CUDA_CONTEXT_BYTES,
@@ -61,3 +61,10 @@ def test_bad_versions_are_named(kwargs, error, message, monkeypatch):
 def test_versions_parse_in_every_usual_form():
     assert parse_cuda_version("12.1") == parse_cuda_version((12, 1)) == parse_cuda_version(12.1)
     assert parse_cuda_version("cuda 11.8.0") == (11, 8)
+
+
+def test_the_loading_cache_is_named_as_not_counted_only_when_there_are_weights():
+    with_weights = to_device(MemoryEstimate(weights=MiB, activations=MiB))
+    without = to_device(MemoryEstimate(activations=MiB))
+    assert any("loading the weights" in note for note in with_weights.notes)
+    assert not any("loading the weights" in note for note in without.notes)

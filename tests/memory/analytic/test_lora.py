@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchfit.memory import estimate, measure_step, trace
+from torchfit.memory import estimate, measure_step, to_device, trace
 from torchfit.memory.analytic.arch import describe
 from torchfit.memory.analytic.lora import lora_parameters, lora_setup
 
@@ -165,3 +165,19 @@ def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
     assert plain.weights > new.weights
     with pytest.raises(ValueError, match="cannot read the bitsandbytes version"):
         estimate(config, bitsandbytes_version="latest", **common)
+
+
+def test_a_quantized_head_and_the_loading_cache_note():
+    spec_config, _ = _model("llama")
+    common = dict(batch_size=1, seq_len=64, dtype="nf4", mode="inference")
+    kept = estimate(spec_config, **common)
+    quantized = estimate(spec_config, quantize_head=True, **common)
+    spec = describe(spec_config)
+    head_bf16 = spec.vocab * spec.hidden * 2
+    assert head_bf16 // 4 < kept.weights - quantized.weights < head_bf16
+    with pytest.raises(ValueError, match="needs quantized weights"):
+        estimate(spec_config, batch_size=1, seq_len=64, mode="inference", quantize_head=True)
+    config, _ = _model("gpt2")  # a tied head cannot be quantized
+    with pytest.raises(ValueError, match="tied"):
+        estimate(config, quantize_head=True, **common)
+    assert any("empty_cache" in note for note in to_device(kept, gpu="RTX 4090").notes)

@@ -4,7 +4,7 @@ import pytest
 
 import torchfit
 from torchfit.cli import main
-from torchfit.memory.allocator.device import PRE_LAZY_CUDA_CONTEXT_BYTES
+from torchfit.memory.allocator.context import PRE_LAZY_CUDA_CONTEXT_BYTES
 
 LORA = 4_194_304  # rank-8 adapters on q and v of Llama-2-7B
 
@@ -18,8 +18,11 @@ def test_precision_by_name_is_the_pure_16_bit_estimate():
     true16 = _plan(precision="bf16-true")
     mixed = _plan(precision="bf16-mixed")
     assert true16.settings.precision == "bf16-true"
-    # bf16-true keeps the 7B base in bf16; bf16-mixed keeps fp32 master weights
-    assert mixed.estimate.weights == 2 * true16.estimate.weights
+    # bf16-true keeps base and adapters in bf16; bf16-mixed over a frozen base keeps the
+    # base as the checkpoint stores it (fp16 for Llama-2) and the adapters in fp32
+    assert mixed.estimate.weights - true16.estimate.weights == 2 * LORA
+    fp32_base = _plan(precision="bf16-mixed", base_dtype="fp32")
+    assert fp32_base.estimate.weights == 4 * true16.estimate.weights // 2
     assert "bf16-true" in str(true16).splitlines()[0]
 
 

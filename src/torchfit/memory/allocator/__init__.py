@@ -1,14 +1,16 @@
 """From allocated bytes to what the GPU shows: caching allocator, CUDA context, workspaces."""
 
 from torchfit.memory.allocator.caching import CachingAllocator
-from torchfit.memory.allocator.device import (
+from torchfit.memory.allocator.context import (
     CONTEXT_ENV_VAR,
     DEFAULT_CUDA_CONTEXT_BYTES,
-    DEFAULT_FRAGMENTATION,
     EAGER_CUDA_CONTEXT_BYTES,
+    cuda_context_bytes,
+)
+from torchfit.memory.allocator.device import (
+    DEFAULT_FRAGMENTATION,
     approximate_reserved,
     cublas_workspace_bytes,
-    cuda_context_bytes,
     to_device,
 )
 from torchfit.memory.allocator.rules import (

@@ -30,6 +30,11 @@ from typing import TYPE_CHECKING
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes, parse_bytes
+from torchfit.memory.allocator.context import (
+    context_and_source,
+    parse_cuda_version,
+    resolve_gpu,
+)
 from torchfit.memory.allocator.rules import (
     K_LARGE_BUFFER,
     K_ROUND_LARGE,
@@ -43,45 +48,11 @@ if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
 
 __all__ = [
-    "CONTEXT_ENV_VAR",
-    "DEFAULT_CUDA_CONTEXT_BYTES",
     "DEFAULT_FRAGMENTATION",
-    "EAGER_CUDA_CONTEXT_BYTES",
-    "LAZY_LOADING_SINCE",
-    "PRE_LAZY_CUDA_CONTEXT_BYTES",
     "approximate_reserved",
     "cublas_workspace_bytes",
-    "cuda_context_bytes",
-    "parse_cuda_version",
     "to_device",
 ]
-
-#: CUDA context of one process with lazy module loading (CUDA >= 11.7, PyTorch's default
-#: since 1.13): 287,047,680 bytes, measured as ``total - free`` after creating one tensor
-#: in pytorch PR #86509. That figure includes the tensor's 20 MiB segment, so the bare
-#: context was about 266 MB; the remainder stands in for the kernels cuBLAS and cuDNN
-#: load on first use. Real contexts vary with GPU, driver and libraries: ptrblck reports
-#: ~300 MB (pytorch #107667) and ~400 MB (#109888). Override with ``context_bytes=`` or
-#: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable.
-DEFAULT_CUDA_CONTEXT_BYTES = 287_047_680
-
-#: The same measurement with eager module loading (``CUDA_MODULE_LOADING=EAGER``, or
-#: CUDA < 11.7): 666,632,192 bytes (pytorch PR #86509); older stacks reach 1 GB+.
-EAGER_CUDA_CONTEXT_BYTES = 666_632_192
-
-#: The context of a CUDA stack older than lazy module loading (CUDA < 11.7, e.g. the CUDA
-#: 11.x builds of PyTorch 1.x): nvidia-smi showed 1343 MiB after ``torch.ones((1, 1))
-#: .to("cuda")`` on a V100 with CUDA 11.2 (Hugging Face's "Model training anatomy" page,
-#: transformers docs/source/en/model_memory_anatomy.md); less the 2 MiB small-pool segment
-#: that tensor took, 1341 MiB. Every kernel of every loaded library is resident.
-PRE_LAZY_CUDA_CONTEXT_BYTES = 1341 * 2**20
-
-#: The first CUDA version with lazy module loading (``CUDA_MODULE_LOADING=LAZY``; PyTorch
-#: turns it on by default since 1.13, pytorch PR #86509).
-LAZY_LOADING_SINCE = (11, 7)
-
-#: The environment variable that overrides the CUDA context size (any `parse_bytes` form).
-CONTEXT_ENV_VAR = "TORCHFIT_CUDA_CONTEXT_BYTES"
 
 #: Fragmentation allowance of `approximate_reserved`: the share of allocated bytes that
 #: cached-but-unusable blocks add. Calibrated by replaying the real allocation traces of
@@ -97,122 +68,6 @@ _CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 _CUBLAS_32MB = 4096 * 8 * 1024
 _CUBLAS_32MB_MAJORS = frozenset({9, 10, 11, 12})
 _CUBLAS_CONFIG_RE = re.compile(r":([0-9]+):([0-9]+)")  # the regex PyTorch applies
-
-
-def _resolve_gpu(gpu: str | GPU | None) -> GPU | None:
-    if isinstance(gpu, str):
-        from torchfit.memory.gpus import gpu as lookup  # noqa: PLC0415 - catalog loads on use
-
-        return lookup(gpu)
-    return gpu
-
-
-def parse_cuda_version(value: object) -> tuple[int, int]:
-    """A CUDA version as ``(major, minor)``: ``"12.1"``, ``"11.2"``, ``(11, 8)`` or ``12.4``.
-
-    Raises:
-        TypeError, ValueError: anything else; the message shows the accepted forms.
-
-    Example:
-        >>> parse_cuda_version("11.2"), parse_cuda_version((12, 4))
-        ((11, 2), (12, 4))
-    """
-    if (
-        isinstance(value, tuple | list)
-        and len(value) == 2
-        and all(
-            isinstance(part, int) and not isinstance(part, bool) and part >= 0 for part in value
-        )
-    ):
-        return int(value[0]), int(value[1])
-    if isinstance(value, float) and math.isfinite(value) and value > 0:
-        value = f"{value:g}"
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(?:cuda\s*)?(\d+)\.(\d+)(?:\.\d+)?\s*", value.lower())
-        if match:
-            return int(match.group(1)), int(match.group(2))
-    raise (ValueError if isinstance(value, str | float | tuple | list) else TypeError)(
-        f"cannot read the CUDA version {value!r}; pass it like '12.1' or (12, 1) "
-        "(torch.version.cuda on the machine that runs the job)"
-    )
-
-
-@checks.arguments(cuda_version=checks.parsed(parse_cuda_version))
-def cuda_context_bytes(
-    gpu: str | GPU | None = None,
-    *,
-    lazy_loading: bool | None = None,
-    cuda_version: object = None,
-) -> int:
-    """Bytes a process's CUDA context takes on the device, outside the caching allocator.
-
-    The context (driver state, loaded kernels, per-SM stacks) appears in ``nvidia-smi``
-    but never in ``torch.cuda.memory_reserved``, and it cannot be released (pytorch issue
-    20532). Resolution order: the ``TORCHFIT_CUDA_CONTEXT_BYTES`` environment variable
-    (e.g. ``"512MiB"``), then a ``cuda_context_bytes`` field of the GPU record when the
-    catalog has a measured one, then `DEFAULT_CUDA_CONTEXT_BYTES` (lazy module loading)
-    or `EAGER_CUDA_CONTEXT_BYTES` (``CUDA_MODULE_LOADING=EAGER``), or, for a CUDA older
-    than 11.7 (no lazy loading at all), `PRE_LAZY_CUDA_CONTEXT_BYTES`. The one context
-    figure of torchfit: `to_device`, `plan_device_map` and the batch-size margin
-    (`max_batch_size`, `find_batch_size` with a card as the budget) all take it from here.
-
-    What is not modelled: how the context grows with the SM count (per-SM stacks) and
-    the driver, and the kernels cuDNN and NCCL load on first use with lazy loading;
-    measured contexts of 300-400 MB are reported with lazy loading (pytorch issues
-    #107667, #109888). Pass the figure you measured (``context_bytes=`` in `to_device`,
-    or ``TORCHFIT_CUDA_CONTEXT_BYTES``) when it matters.
-
-    Args:
-        gpu: A catalog name or `GPU` record; None for the generic default.
-        lazy_loading: False for ``CUDA_MODULE_LOADING=EAGER``; default: on from CUDA 11.7.
-        cuda_version: The CUDA version PyTorch was built with (``torch.version.cuda``),
-            e.g. ``"11.2"``: before 11.7 there is no lazy loading.
-
-    Returns:
-        The context size in bytes.
-
-    Raises:
-        ValueError: The environment variable is set to something that is not a size.
-
-    Example:
-        >>> cuda_context_bytes() == DEFAULT_CUDA_CONTEXT_BYTES  # env var not set
-        True
-        >>> cuda_context_bytes(lazy_loading=False)
-        666632192
-        >>> cuda_context_bytes(cuda_version="11.2") // 2**20
-        1341
-    """
-    return _context(_resolve_gpu(gpu), lazy_loading=lazy_loading, cuda_version=cuda_version)[0]
-
-
-def _context(
-    record: GPU | None, *, lazy_loading: bool | None, cuda_version: object = None
-) -> tuple[int, str]:
-    """The context size and where it came from, in words."""
-    override = os.environ.get(CONTEXT_ENV_VAR)
-    if override is not None and override.strip():
-        try:
-            return parse_bytes(override), CONTEXT_ENV_VAR
-        except ValueError as e:
-            raise ValueError(
-                f"{CONTEXT_ENV_VAR}={override!r} is not a size; set it like '300MB' or "
-                f"'287047680', or unset it for the default ({e})"
-            ) from e
-    measured = getattr(record, "cuda_context_bytes", None)
-    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
-        return measured, "measured for this GPU"
-    if lazy_loading is not None and not isinstance(lazy_loading, bool):
-        raise TypeError(f"lazy_loading must be True, False or None; got {lazy_loading!r}")
-    if cuda_version is not None and parse_cuda_version(cuda_version) < LAZY_LOADING_SINCE:
-        if lazy_loading:
-            raise ValueError(
-                f"lazy_loading=True with cuda_version={cuda_version!r}: lazy module loading "
-                "arrived in CUDA 11.7; drop one of the two"
-            )
-        return PRE_LAZY_CUDA_CONTEXT_BYTES, f"CUDA {cuda_version}: no lazy module loading"
-    if lazy_loading is None or lazy_loading:
-        return DEFAULT_CUDA_CONTEXT_BYTES, "default with lazy module loading"
-    return EAGER_CUDA_CONTEXT_BYTES, "default with eager module loading"
 
 
 def _capability_major(compute_capability: object) -> int:
@@ -243,6 +98,7 @@ def _read_major(compute_capability: object) -> int:
     )
 
 
+@checks.arguments(compute_capability=checks.parsed(_capability_major))
 @checks.arguments(compute_capability=checks.parsed(_capability_major))
 def cublas_workspace_bytes(compute_capability: object = None) -> int:
     """The cuBLAS workspace PyTorch allocates, through the caching allocator, per handle.
@@ -382,7 +238,7 @@ def to_device(
             f"to_device models the CUDA caching allocator, but this estimate was made for "
             f"device={estimate.device!r}; estimate again with device='cuda'"
         )
-    record = _resolve_gpu(gpu)
+    record = resolve_gpu(gpu)
     notes = list(estimate.notes)
     extra = 0
     if workspace:
@@ -417,7 +273,9 @@ def to_device(
                 f"{format_bytes(missing)} is approximated"
             )
     if context_bytes is None:
-        context, source = _context(record, lazy_loading=lazy_loading, cuda_version=cuda_version)
+        context, source = context_and_source(
+            record, lazy_loading=lazy_loading, cuda_version=cuda_version
+        )
     else:
         context = parse_bytes(context_bytes)
         source = "given"
@@ -425,6 +283,12 @@ def to_device(
         f"CUDA context {format_bytes(context)} ({source}; outside the allocator, "
         "shown by nvidia-smi)"
     )
+    if estimate.weights:
+        notes.append(
+            "not counted: blocks the allocator still caches from loading the weights "
+            "(a loader's temporary copies, e.g. from_pretrained's, stay reserved and in "
+            "nvidia-smi until torch.cuda.empty_cache())"
+        )
     return estimate.replace(
         workspace=estimate.workspace + extra,
         reserved=reserved,

@@ -36,9 +36,18 @@ def block_linear_shapes(spec: TransformerSpec) -> list[tuple[int, int]]:
 
 
 def quantized_weight_bytes(
-    spec: TransformerSpec, weights: DType, compute: DType, *, double_quant: bool = True
+    spec: TransformerSpec,
+    weights: DType,
+    compute: DType,
+    *,
+    double_quant: bool = True,
+    head: bool = False,
 ) -> int:
     """Total weight bytes with block Linear weights in ``weights`` (int8 or a 4-bit format).
+
+    ``head``: the output head is quantized too (it is kept in 16 bits by default:
+    transformers' ``get_keys_to_not_convert`` skips it unless ``llm_int8_skip_modules``
+    is set without it).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -48,6 +57,13 @@ def quantized_weight_bytes(
         3.6
     """
     shapes = block_linear_shapes(spec)
+    if head:
+        if spec.tied_embeddings:
+            raise ValueError(
+                "quantize_head=True, but this model's output head is its input embedding "
+                "(tied), which bitsandbytes does not quantize; drop quantize_head"
+            )
+        shapes = [*shapes, (spec.vocab, spec.hidden)]  # a Linear4bit/8bitLt head
     quantized = 0
     for out_features, in_features in shapes:
         if weights is DType.INT8:

@@ -7,6 +7,7 @@ alive through forward and backward (the output, the gradients).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from torchfit._bnb.layout import keeps_4bit_input
@@ -18,6 +19,7 @@ from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_param
 
 __all__ = [
     "adapters_for",
+    "frozen_base_states",
     "inputs_kept",
     "kept_gradients",
     "kept_output",
@@ -86,6 +88,37 @@ def adapters_for(
     return lora
 
 
+def frozen_base_states(
+    states: ModelStates,
+    spec: TransformerSpec,
+    *,
+    trainable: int,
+    base: DType | None,
+    compute: DType,
+    notes: list[str],
+) -> ModelStates:
+    """Mixed precision over a frozen 16-bit base: the base stays 16-bit, adapters fp32.
+
+    A frozen weight needs no fp32 master copy, and transformers' ``from_pretrained``
+    loads a checkpoint in the dtype it was saved in (its default ``dtype="auto"`` in 5.x),
+    so a LoRA run under autocast holds the base in that dtype and only the adapters in
+    fp32 (PEFT's ``autocast_adapter_dtype``); autocast casts nothing of the base. With a
+    base in fp32 (``base=None`` or fp32) the states stay as mixed precision gives them.
+    """
+    if base is None or base.bits != 16:
+        return states
+    frozen = spec.num_params - trainable
+    notes.append(
+        f"frozen base in {base.value} (the checkpoint's dtype, as from_pretrained loads it), "
+        f"adapters in fp32; base_dtype='fp32' for a base loaded in fp32"
+    )
+    return dataclasses.replace(
+        states,
+        weights=math.ceil(frozen * base.itemsize + trainable * 4),
+        autocast_copies=math.ceil(trainable * compute.itemsize),
+    )
+
+
 def weight_bytes(
     spec: TransformerSpec,
     states: ModelStates,
@@ -96,19 +129,26 @@ def weight_bytes(
     mixed: bool,
     double_quant: bool,
     notes: list[str],
+    head: bool = False,
 ) -> int:
     """Weight bytes: the model states', or a quantized base plus its adapters."""
     if not weights.is_quantized:
+        if head:
+            raise ValueError(
+                f"quantize_head=True needs quantized weights (dtype='nf4' or 'int8'); "
+                f"got dtype={weights.value!r}"
+            )
         notes.append(states.note)
         return states.weights
     from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
 
-    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant)
+    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant, head=head)
     # the adapters, at full precision beside the frozen quantized base
     held += math.ceil(adapters * (4 if mixed else compute.itemsize))
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
     notes.append(
-        f"block weights in {weights.value}{nested}; embeddings, norms, head in {compute.value}"
+        f"block weights{' and the head' if head else ''} in {weights.value}{nested}; "
+        f"embeddings, norms{'' if head else ', head'} in {compute.value}"
     )
     if adapters:
         notes.append(f"adapters ({adapters:,} parameters): {states.note}")

@@ -45,6 +45,7 @@ from torchfit.memory.analytic.moe import (
 )
 from torchfit.memory.analytic.states import (
     adapters_for,
+    frozen_base_states,
     inputs_kept,
     kept_gradients,
     kept_output,
@@ -124,6 +125,8 @@ def estimate_transformer(
     lora: LoraSetup | None = None,
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
+    quantize_head: bool = False,
+    base_dtype: DType | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -161,6 +164,13 @@ def estimate_transformer(
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
         autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
     )
+    frozen = training and (
+        adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base
+    )
+    if frozen and mixed and not weights_format.is_quantized:
+        states = frozen_base_states(
+            states, spec, trainable=trainable, base=base_dtype, compute=compute, notes=notes
+        )
     weights = weight_bytes(
         spec,
         states,
@@ -169,6 +179,7 @@ def estimate_transformer(
         adapters=trainable if training else 0,
         mixed=mixed,
         double_quant=double_quant,
+        head=quantize_head,
         notes=notes,
     )
 
@@ -177,8 +188,7 @@ def estimate_transformer(
         attention=parse_attention(attn_implementation),
         device=device,
         training=training,
-        frozen_base=training
-        and (adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base),
+        frozen_base=frozen,
         autocast=training and mixed and compute.bits == 16,
         lora=lora if training else None,
         inputs_kept=inputs_kept(weights_format, bitsandbytes_version, training=training),

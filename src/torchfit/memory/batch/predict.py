@@ -16,7 +16,7 @@ import torch
 from torchfit._core import checks
 from torchfit._core.bisection import gallop, last_true
 from torchfit._core.units import format_bytes, parse_bytes
-from torchfit.memory.allocator.device import cuda_context_bytes
+from torchfit.memory.allocator.context import cuda_context_bytes
 from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import read_budget

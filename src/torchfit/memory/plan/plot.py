@@ -1,47 +1,136 @@
-"""Memory against batch size, with the card's line (needs the ``plot`` extra)."""
+"""Device memory against batch size, with the card's limit (needs the ``plot`` extra).
+
+The picture states the plan's answer: what ``nvidia-smi`` would show at each batch size
+(from 0, so heights compare), the card's memory as a line with the region above it
+shaded, and the largest batch that fits marked with its GiB. Every point is the plan's
+own device estimate (the one its verdict uses: per rank under a strategy, with the CUDA
+stack it was given), so the picture and the verdict cannot disagree.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchfit._core.imports import require
+from torchfit._core.units import format_bytes
 
 if TYPE_CHECKING:
     from torchfit.memory.plan import Plan
 
-__all__ = ["plot_plan"]
+__all__ = ["YLABEL", "answer", "batch_sizes", "device_totals", "draw_plan", "plot_plan", "title"]
+
+_GIB = 2**30
+#: The y-axis: the quantity every point is.
+YLABEL = "device memory (nvidia-smi), GiB"
 
 
-def plot_plan(model: Any, plan: Plan, path: str) -> None:
-    """Save a PNG of device memory against batch size, the card's memory as a line."""
+def batch_sizes(largest: int) -> list[int]:
+    """Batch sizes to draw: 1 to about twice ``largest``, with ``largest`` and one past it.
+
+    Example:
+        >>> batch_sizes(6)
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+        >>> batch_sizes(0)[:3]
+        [1, 2, 3]
+    """
+    top = max(2 * largest, 8)
+    sizes = {max(1, round(top * step / 16)) for step in range(17)}
+    if largest:
+        sizes |= {largest, largest + 1}
+    return sorted(sizes)
+
+
+def device_totals(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
+    """The plan's device total (bytes ``nvidia-smi`` would show) at each batch size."""
+    from torchfit.memory.plan.verdict import _device_estimate  # noqa: PLC0415
+
+    return [
+        _device_estimate(
+            model, dataclasses.replace(plan.settings, batch_size=size), plan.gpu
+        ).device_total
+        for size in sizes
+    ]
+
+
+def title(plan: Plan) -> str:
+    """What was planned (model, mode, numbers, sequence) and on which card, in two lines."""
+    s = plan.settings
+    numbers = s.dtype if s.precision is None else s.precision
+    what = f"{s.model}: {s.mode}, {numbers}"
+    what += f", seq {s.seq_len}" if s.seq_len else ""
+    what += ", gradient checkpointing" if s.gradient_checkpointing else ""
+    cards = plan.gpu.name if plan.num_gpus == 1 else f"{plan.num_gpus} x {plan.gpu.name}"
+    if s.strategy is not None:
+        cards += f" ({s.strategy}, per GPU)"
+    return f"{what}\non {cards} ({format_bytes(plan.budget)})"
+
+
+def answer(plan: Plan, sizes: Sequence[int], totals: Sequence[int]) -> tuple[int, int, str]:
+    """The point to mark (batch, bytes) and its label: the largest batch, or batch 1.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> plan = SimpleNamespace(max_batch_size=2, budget=4 * 2**30)
+        >>> answer(plan, [1, 2, 3], [2**30, 3 * 2**30, 5 * 2**30])
+        (2, 3221225472, 'largest batch 2: 3.00 of 4.00 GiB')
+    """
+    card = plan.budget / _GIB
+    batch = plan.max_batch_size or 1
+    used = totals[list(sizes).index(batch)]
+    if plan.max_batch_size:
+        return batch, used, f"largest batch {batch}: {used / _GIB:.2f} of {card:.2f} GiB"
+    return batch, used, f"batch 1 does not fit: {used / _GIB:.2f} of {card:.2f} GiB"
+
+
+def draw_plan(model: Any, plan: Plan) -> Any:
+    """The matplotlib ``Figure`` of device memory against batch size for ``plan``.
+
+    Args:
+        model: The model the plan was made for (what `fits` was given).
+        plan: The `Plan`; its settings are re-estimated at each batch size.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (close it with ``matplotlib.pyplot.close``).
+    """
     require("matplotlib", feature="--plot")
     import matplotlib as mpl  # noqa: PLC0415
 
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from torchfit.memory.allocator import to_device  # noqa: PLC0415
-    from torchfit.memory.estimator import estimate  # noqa: PLC0415
-
-    top = max(2 * max(plan.max_batch_size, 1), 8)
-    sizes = sorted({max(1, round(top * k / 16)) for k in range(17)})
-    gib = 2**30
-    totals = []
-    for size in sizes:
-        kwargs = {**plan.settings.kwargs(), "batch_size": size}
-        totals.append(
-            to_device(estimate(model, device="cuda", **kwargs), gpu=plan.gpu).device_total
-        )
-    figure, axes = plt.subplots(figsize=(7, 4))
-    axes.plot(sizes, [t / gib for t in totals], marker="o", label="device total (estimate)")
-    axes.axhline(plan.budget / gib, color="red", linestyle="--", label=plan.gpu.name)
-    if plan.max_batch_size:
-        axes.axvline(plan.max_batch_size, color="gray", linestyle=":", label="largest batch")
-    s = plan.settings
-    axes.set_title(f"{s.model}: {s.mode}, {s.dtype}" + (f", seq {s.seq_len}" if s.seq_len else ""))
-    axes.set_xlabel("batch size")
-    axes.set_ylabel("GiB")
-    axes.legend()
+    sizes = batch_sizes(plan.max_batch_size)
+    totals = device_totals(model, plan, sizes)
+    card = plan.budget / _GIB
+    top = max(max(totals) / _GIB, card) * 1.15
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    red = "#d62728"
+    axes.axhspan(card, top, color=red, alpha=0.08, linewidth=0)
+    right = axes.get_yaxis_transform()  # x in axes coordinates, y in GiB
+    axes.text(0.98, card, "does not fit ", color=red, ha="right", va="bottom", transform=right)
+    axes.axhline(card, color=red, linestyle="--", label=f"{plan.gpu.name}: {card:.2f} GiB")
+    axes.plot(sizes, [t / _GIB for t in totals], marker="o", label="estimate at each batch size")
+    batch, used, label = answer(plan, sizes, totals)
+    axes.plot([batch], [used / _GIB], marker="o", markersize=11, color="black", zorder=3)
+    # below and to the right of the point: the curve rises to the right, above the card
+    axes.annotate(
+        label, (batch, used / _GIB), xytext=(14, -26), textcoords="offset points", weight="bold"
+    )
+    axes.set_ylim(0, top)
+    axes.set_xlim(0, sizes[-1] * 1.04 + 1)
+    axes.set_title(title(plan), fontsize=10)
+    axes.set_xlabel("batch size" if plan.settings.strategy is None else "batch size per GPU")
+    axes.set_ylabel(YLABEL)
+    axes.legend(loc="upper left", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return figure
+
+
+def plot_plan(model: Any, plan: Plan, path: str) -> None:
+    """Save `draw_plan`'s picture of ``plan`` as a PNG at ``path``."""
+    figure = draw_plan(model, plan)
+    figure.savefig(path, dpi=120, metadata={"Software": None})
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
     plt.close(figure)

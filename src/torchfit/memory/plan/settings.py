@@ -41,6 +41,8 @@ class Settings:
     lora_dropout: float | None = None
     bitsandbytes_version: str | None = None
     double_quant: bool = True
+    quantize_head: bool = False
+    base_dtype: str | None = None
 
     def device(self) -> dict[str, Any]:
         """The keyword arguments of `to_device` these settings stand for."""
@@ -60,6 +62,8 @@ class Settings:
             "lora_dropout": self.lora_dropout,
             "bitsandbytes_version": self.bitsandbytes_version,
             "double_quant": self.double_quant,
+            "quantize_head": self.quantize_head,
+            "base_dtype": self.base_dtype,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,

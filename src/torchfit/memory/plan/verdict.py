@@ -253,6 +253,8 @@ def fits(
     lora_dropout: float | None = None,
     bitsandbytes_version: str | None = None,
     double_quant: bool = True,
+    quantize_head: bool = False,
+    base_dtype: str | None = None,
 ) -> Plan:
     """Will ``model`` fit ``gpu``? The verdict, the largest batch, and advice.
 
@@ -303,6 +305,8 @@ def fits(
         lora_dropout: The adapters' dropout.
         bitsandbytes_version: The bitsandbytes of a 4-bit run (default: the installed one).
         double_quant: With a 4-bit ``dtype``: double quantization of the absmax values.
+        quantize_head: The output head quantized too (see `estimate`).
+        base_dtype: A frozen base's dtype under mixed precision (see `estimate`).
 
     Example:
         >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
@@ -356,6 +360,8 @@ def fits(
         **_lora_settings(lora, lora_rank, lora_targets, lora_dropout),
         bitsandbytes_version=bitsandbytes_version,
         double_quant=double_quant,
+        quantize_head=quantize_head,
+        base_dtype=base_dtype,
     )
     if seq_len is None and input_shape is None:
         settings = default_seq_len(model, settings)

@@ -1,0 +1,93 @@
+"""The plan's picture states its answer, agrees with its verdict, and the CLI says where it is."""
+
+import json
+
+import pytest
+
+import torchfit
+from torchfit.cli import main
+from torchfit.memory.plan.plot import YLABEL, batch_sizes, device_totals, draw_plan
+
+plt = pytest.importorskip("matplotlib.pyplot")
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "kwargs"),
+    [
+        ("gpt2", "RTX 3060", {"seq_len": 512}),
+        ("llama-2-7b", "RTX 4090", {"dtype": "nf4", "gradient_checkpointing": True}),
+        ("llama-2-13b", ["A100 40GB"] * 8, {"strategy": "fsdp", "seq_len": 2048}),
+    ],
+)
+def test_the_points_are_the_estimates_the_verdict_uses(model, gpu, kwargs):
+    plan = torchfit.fits(model, gpu, **kwargs)
+    at_plan, at_largest, past = device_totals(
+        model,
+        plan,
+        [plan.settings.batch_size, max(plan.max_batch_size, 1), plan.max_batch_size + 1],
+    )
+    assert at_plan == plan.estimate.device_total
+    assert (at_largest <= plan.budget) == (plan.max_batch_size > 0)
+    assert past > plan.budget
+
+
+def test_batch_sizes_reach_past_the_largest_batch():
+    for largest in (0, 1, 5, 124, 1000):
+        sizes = batch_sizes(largest)
+        assert sizes == sorted(set(sizes))
+        assert sizes[0] == 1
+        if largest:
+            assert {largest, largest + 1} <= set(sizes)
+            assert sizes[-1] >= 2 * largest
+
+
+def _drawn(model, gpu, **kwargs):
+    plan = torchfit.fits(model, gpu, **kwargs)
+    figure = draw_plan(model, plan)
+    axes = figure.axes[0]
+    texts = [text.get_text() for text in axes.texts]
+    plt.close(figure)
+    return plan, axes, texts
+
+
+def test_the_picture_states_the_answer():
+    plan, axes, texts = _drawn("llama-2-7b", "RTX 4090", dtype="nf4", gradient_checkpointing=True)
+    assert axes.get_ylabel() == YLABEL == "device memory (nvidia-smi), GiB"
+    bottom, top = axes.get_ylim()
+    assert bottom == 0
+    assert "NVIDIA GeForce RTX 4090 (24.00 GiB)" in axes.get_title()
+    used = plan.max_batch_size
+    assert used > 0
+    assert any(
+        t.startswith(f"largest batch {used}: ") and t.endswith(" of 24.00 GiB") for t in texts
+    )
+    # the region above the card is shaded: a patch from the card's GiB to the top
+    shaded = [p for p in axes.patches if p.get_y() == pytest.approx(24.0)]
+    assert len(shaded) == 1
+    assert shaded[0].get_height() == pytest.approx(top - 24.0)
+    assert "does not fit " in texts
+
+
+def test_a_plan_where_nothing_fits_marks_batch_one():
+    plan, _, texts = _drawn("llama-2-7b", "RTX 4090", dtype="nf4")
+    assert plan.max_batch_size == 0
+    gib = plan.estimate.device_total / GiB
+    assert f"batch 1 does not fit: {gib:.2f} of 24.00 GiB" in texts
+
+
+def test_the_cli_says_where_it_wrote_the_plot(tmp_path, capsys):
+    out = tmp_path / "plan.png"
+    assert main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "256", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1].startswith(f"plot: {out} ")
+    # with --json, stdout stays one JSON document; the path goes to stderr
+    assert (
+        main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "256", "--json", "--plot", str(out)])
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["gpu"] == "NVIDIA GeForce RTX 3060 12GB"
+    assert captured.err.startswith(f"plot: {out} ")
