@@ -23,7 +23,7 @@ class Kind:
 
     name: str
     canonical: tuple[object, ...]
-    generated: st.SearchStrategy[object] = st.nothing()
+    generated: st.SearchStrategy[object] = dataclasses.field(default_factory=st.nothing)
 
     def bad(self) -> st.SearchStrategy[object]:
         return st.one_of(st.sampled_from(self.canonical), self.generated)
@@ -86,18 +86,24 @@ PROBABILITY = Kind(
 #: A name from a fixed set (a dtype, an optimizer, a mode, a strategy).
 NAME = Kind("name", ("", " ", "qqnope", 3, 2.5, ["x"], True), st.one_of(_texts(), st.integers()))
 #: Free text that must not be empty (a GPU's name).
-TEXT = Kind("text", ("", " ", 3, 2.5, ["x"], True), st.one_of(st.sampled_from(["", " "]), st.integers()))
+TEXT = Kind(
+    "text", ("", " ", 3, 2.5, ["x"], True), st.one_of(st.sampled_from(["", " "]), st.integers())
+)
 #: Bytes: a whole number >= 0 or a size string.
 SIZE = Kind(
     "size",
     (-1, NAN, INF, -INF, "-3GB", "twelve", "12 parsecs", "", True, [1]),
-    st.one_of(st.integers(max_value=-1), st.just(NAN), _texts(), st.lists(st.integers(), max_size=2)),
+    st.one_of(
+        st.integers(max_value=-1), st.just(NAN), _texts(), st.lists(st.integers(), max_size=2)
+    ),
 )
 #: Bytes > 0 (a card's capacity).
 CAPACITY = Kind(
     "capacity",
     (0, "0GB", -1, NAN, INF, "-3GB", "twelve", "", True, [1]),
-    st.one_of(st.integers(max_value=0), st.just(NAN), _texts(), st.lists(st.integers(), max_size=2)),
+    st.one_of(
+        st.integers(max_value=0), st.just(NAN), _texts(), st.lists(st.integers(), max_size=2)
+    ),
 )
 #: A built ``nn.Module``.
 MODULE = Kind(
@@ -112,13 +118,21 @@ SHAPE = Kind(
     st.lists(st.integers(max_value=0), min_size=1, max_size=3).map(tuple),
 )
 #: A callable.
-CALLABLE = Kind("callable", (3, "step", [print], 2.5), st.one_of(st.integers(), st.text(max_size=3)))
+CALLABLE = Kind(
+    "callable", (3, "step", [print], 2.5), st.one_of(st.integers(), st.text(max_size=3))
+)
 #: A device name torch reads.
 DEVICE = Kind("device", ("tpu", "", " ", "gpu", 2.5, [0], True), _texts())
 #: A dtype: a name, a torch.dtype or a DType.
-DTYPE = Kind("dtype", ("", " ", "int3", "qqnope", 3, 2.5, torch.int32, [torch.float16], True), _texts())
+DTYPE = Kind(
+    "dtype", ("", " ", "int3", "qqnope", 3, 2.5, torch.int32, [torch.float16], True), _texts()
+)
 #: A model: a name, a config, a folder or a module (the catalog resolves it).
-MODEL = Kind("model", ("", " ", 3, 2.5, True, [1]), st.one_of(st.sampled_from(["", " ", "\n"]), st.integers()))
+MODEL = Kind(
+    "model",
+    ("", " ", 3, 2.5, True, [1]),
+    st.one_of(st.sampled_from(["", " ", "\n"]), st.integers()),
+)
 #: A GPU: a catalog name or a GPU record.
 CARD = Kind("card", ("", " ", 2.5, True, [1.5], {"name": "x"}), st.sampled_from(["", " "]))
 #: A sequence of whole numbers >= 1.

@@ -88,12 +88,12 @@ class _Parameter:
                 rule(self.name, value)
             expected = " or ".join(dict.fromkeys(describe(k) for k in self.kinds))
             raise fail(self.name, expected, value, kind=TypeError)
+        own = [rule for rule in self.rules if rule.applies(value)]
         default = _DEFAULTS.get(matched)
-        if default is not None and not (self.empty and value == ""):
-            value = default(self.name, value)
-        for rule in self.rules:
-            if rule.applies(value):
-                value = rule(self.name, value)
+        if default is not None and not own and not (self.empty and value == ""):
+            value = default(self.name, value)  # the type's rule, unless one is named for it
+        for rule in own:
+            value = rule(self.name, value)
         return value
 
 
@@ -106,6 +106,28 @@ def _parameter(
     kinds = resolve(annotation, namespace) if annotation is not inspect.Parameter.empty else (Any,)
     own = rules if isinstance(rules, tuple) else (rules,) if rules is not None else ()
     return _Parameter(name, kinds, own, default)
+
+
+def _checked_call(
+    plan: dict[str, _Parameter],
+    positional: list[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> list[Any]:
+    """``args`` checked by position (``kwargs`` checked in place), without inspect's bind.
+
+    This runs on every call of a public function, so it only walks what was passed.
+    """
+    values = list(args)
+    for index, name in enumerate(positional[: len(args)]):
+        parameter = plan.get(name)
+        if parameter is not None:
+            values[index] = parameter.check(values[index])
+    for name, value in kwargs.items():
+        parameter = plan.get(name)
+        if parameter is not None:
+            kwargs[name] = parameter.check(value)
+    return values
 
 
 def arguments(**rules: Rule | tuple[Rule, ...]) -> Callable[[_F], _F]:
@@ -133,6 +155,9 @@ def arguments(**rules: Rule | tuple[Rule, ...]) -> Callable[[_F], _F]:
         unknown = set(rules) - set(signature.parameters)
         if unknown:
             raise TypeError(f"{func.__qualname__} has no parameter {sorted(unknown)}")
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        positional = [name for name, p in signature.parameters.items() if p.kind in kinds]
+        spread = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
         plans: list[dict[str, _Parameter]] = []
 
         @functools.wraps(func)
@@ -145,15 +170,12 @@ def arguments(**rules: Rule | tuple[Rule, ...]) -> Callable[[_F], _F]:
                     if name not in {"self", "cls"}
                     and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                 })  # fmt: skip
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as error:
-                raise TypeError(f"{func.__qualname__}(): {error}") from None
-            for name, value in bound.arguments.items():
-                parameter = plans[0].get(name)
-                if parameter is not None:
-                    bound.arguments[name] = parameter.check(value)
-            return func(*bound.args, **bound.kwargs)
+            if len(args) > len(positional) and not spread:
+                try:  # Python's own words for a call that does not fit
+                    signature.bind(*args, **kwargs)
+                except TypeError as error:
+                    raise TypeError(f"{func.__qualname__}(): {error}") from None
+            return func(*_checked_call(plans[0], positional, args, kwargs), **kwargs)
 
         return typing.cast("_F", checked)
 

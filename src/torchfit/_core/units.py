@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from fractions import Fraction
 
@@ -88,7 +89,6 @@ def parse_bytes(value: float | str) -> int:
     return int(value)
 
 
-@checks.arguments()
 def format_bytes(num_bytes: float) -> str:
     """Format a byte count in binary units, the way ``nvidia-smi`` and PyTorch report memory.
 
@@ -99,7 +99,15 @@ def format_bytes(num_bytes: float) -> str:
         '1.50 KiB'
         >>> format_bytes(-2 * 2**20)
         '-2.00 MiB'
+        >>> format_bytes(float("nan"))
+        Traceback (most recent call last):
+        ValueError: num_bytes must be a finite number; got nan
     """
+    # Checked here rather than by `checks.arguments`: tables and messages call this often.
+    if isinstance(num_bytes, bool) or not isinstance(num_bytes, numbers.Real):
+        raise checks.fail("num_bytes", "a number of bytes", num_bytes, kind=TypeError)
+    if not math.isfinite(num_bytes):
+        raise checks.fail("num_bytes", "a finite number", num_bytes)
     sign = "-" if num_bytes < 0 else ""
     size = abs(float(num_bytes))
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

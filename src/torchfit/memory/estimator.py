@@ -213,6 +213,12 @@ def estimate(
         "device": device,
     }
     config = resolved.config
+    if input_shape is not None and config is not None and not is_vision(config):
+        raise ValueError(
+            f"input_shape={input_shape!r} is the shape of one image or sample, but model_type "
+            f"{config.model_type!r} takes tokens; give seq_len= (tokens per sample) instead "
+            "and leave input_shape out"
+        )
     if config is None or not has_closed_form(config):
         refuse_for_meta_pass(
             loop,

@@ -25,6 +25,7 @@ from torch import nn
 
 from torchfit._core import checks
 from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
+from torchfit._core.rng import kept_rng
 from torchfit._core.step import (
     Loop,
     Mode,
@@ -337,8 +338,7 @@ def measure_step(
             f"precision={precision!r} converts a copy of the model, which an optimizer "
             "built over the original cannot follow; pass the optimizer by name or factory"
         )
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
+    with kept_rng(cuda=True):
         opt: torch.optim.Optimizer | None
         if isinstance(optimizer, torch.optim.Optimizer):
             work, opt = copy.deepcopy((model, optimizer))

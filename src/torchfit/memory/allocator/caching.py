@@ -172,7 +172,6 @@ class CachingAllocator:
 
     # --- malloc / free --------------------------------------------------------------
 
-    @checks.arguments()
     def malloc(self, nbytes: int) -> int:
         """Allocate ``nbytes`` and return a handle for `free`.
 
@@ -214,13 +213,14 @@ class CachingAllocator:
         self._live[handle] = block
         return handle
 
-    @checks.arguments()
     def free(self, handle: int) -> None:
         """Give back the block of ``handle``; it is cached, never returned to CUDA here.
 
         Mirrors ``free_block``: merge with free neighbours (``try_merge_blocks``), then
         back into the pool's free set.
         """
+        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
+            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
         try:
             block = self._live.pop(handle)
         except KeyError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchfit._core import checks
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
 
@@ -75,7 +74,6 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if floor == size else floor + step
 
 
-@checks.arguments()
 def round_request(nbytes: int, *, roundup_power2_divisions: int = 0) -> int:
     """The block size the caching allocator hands out for a request of ``nbytes``.
 
@@ -123,7 +121,6 @@ def allocation_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-@checks.arguments()
 def segment_size(nbytes: int) -> int:
     """The segment ``cudaMalloc`` reserves when a request of ``nbytes`` finds no cached block.
 

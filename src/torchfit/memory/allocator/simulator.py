@@ -18,7 +18,7 @@ from torchfit.memory.allocator.rules import AllocatorStats
 __all__ = ["CachingAllocator", "replay"]
 
 
-def _parse(index: int, event: object) -> tuple[object, object]:
+def _parse(index: int, event: object) -> tuple[object, int | None]:
     """``(key, nbytes)`` of an event; ``nbytes`` is ``None`` for a free."""
     if isinstance(event, Event):
         if event.kind not in ("alloc", "free"):
@@ -38,6 +38,8 @@ _BYTES = checks.whole()
 
 def _bytes(index: int, nbytes: object) -> int:
     """An allocation's size, or the error that names the event."""
+    if type(nbytes) is int and nbytes >= 0:  # once per event: the common case kept cheap
+        return nbytes
     return int(_BYTES(f"events[{index}] nbytes", nbytes))
 
 
@@ -103,7 +105,5 @@ def replay(
                 f"events[{index}] allocates {key!r}, which is still allocated; free it first "
                 "or use a fresh key"
             )
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-            raise TypeError(f"events[{index}] allocates {nbytes!r} bytes; expected an int >= 0")
         handles[key] = allocator.malloc(nbytes)
     return allocator.stats()

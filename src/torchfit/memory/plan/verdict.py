@@ -25,7 +25,7 @@ from torchfit._core.step import (
 )
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
-from torchfit.memory.allocator.device import parse_cuda_version
+from torchfit.memory.allocator.context import parse_cuda_version
 from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
