@@ -64,7 +64,7 @@ def parse_bytes(value: float | str) -> int:
         >>> parse_bytes(4096)
         4096
     """
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
         raise TypeError(
             f"a size must be a number of bytes or a string like '12GB'; got {value!r} "
             f"of type {type(value).__name__}"
@@ -86,7 +86,7 @@ def parse_bytes(value: float | str) -> int:
         return int(Fraction(number) * factor)  # exact: no float rounding of big sizes
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"a size must be a finite number of bytes >= 0; got {value!r}")
-    return int(value)
+    return int(value)  # numpy integers too
 
 
 def format_bytes(num_bytes: float) -> str:

@@ -16,6 +16,7 @@ from torchfit._core.hardware import parse_device
 from torchfit.loaders.args import (
     check_dataset,
     check_int,
+    check_loader,
     check_loader_kwargs,
     check_options,
     kwargs_of,
@@ -345,6 +346,7 @@ def diagnose(
         >>> result.bound
         <Bound.INPUT: 'input-bound'>
     """
+    check_loader(loader)
     check_int("steps", steps, low=1, fix="Measure at least one step.")
     check_int("warmup", warmup, low=0, fix="Use 0 for no warm-up.")
     if not callable(step_fn):

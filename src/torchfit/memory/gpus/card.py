@@ -136,7 +136,7 @@ class GPU:
             12884901888
             >>> GPU.custom("my card", memory="-3GB")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
-            ValueError: GPU.custom('my card'): cannot read '-3GB' as a size...
+            ValueError: memory='-3GB': cannot read '-3GB' as a size...
         """
         try:
             size = parse_bytes(memory)
