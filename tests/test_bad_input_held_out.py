@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+
 from test_bad_input import PAIRS, _refused
 
 #: Values no parameter of any kind takes (a parameter's own kind adds more below).
@@ -47,7 +48,7 @@ HELD_OUT: dict[str, tuple[object, ...]] = {
     "dtype": (b"bf16", "float17", "fp16fp16", np.float64(16.0), torch.complex64),
     "model": (b"gpt2", ("gpt2",), Decimal(1), np.float64(2.0)),
     "card": (b"A100", ("A100",), np.float64(2.5), {"memory": 1}),
-    "counts": ((np.int64(0),), [b"8"], [Decimal(8)], [8, -0.0], range(0, 3), np.array([8])),
+    "counts": ((np.int64(0),), [b"8"], [Decimal(8)], [8, -0.0], range(3), np.array([8])),
     "autocast dtype": (torch.complex64, torch.float64, torch.uint8, b"bf16"),
 }  # fmt: skip
 
@@ -63,9 +64,8 @@ def test_every_held_out_wrong_value_is_refused_by_name(case, name):
 
 
 def test_the_held_out_set_differs_from_the_main_table():
-    from bad_inputs import Kind  # noqa: PLC0415
-
-    import bad_inputs  # noqa: PLC0415
+    import bad_inputs
+    from bad_inputs import Kind
 
     kinds = {k.name: k for k in vars(bad_inputs).values() if isinstance(k, Kind)}
     assert set(HELD_OUT) <= set(kinds)
