@@ -215,7 +215,10 @@ def parsed(parse: Callable[[Any], object], *, kinds: tuple[type, ...] = (object,
         try:
             parse(value)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"{name}={_got(value)}: {error}") from None
+            said = str(error)  # the parser's own words, once, with the parameter's name
+            named = said.startswith((f"{name}=", f"{name} "))
+            said = said if named else f"{name}={_got(value)}: {said}"
+            raise type(error)(said) from None
         return value
 
     return Rule(check, kinds)

@@ -45,7 +45,7 @@ class LoaderConfig:
         >>> LoaderConfig(num_workers=-1)
         Traceback (most recent call last):
         ...
-        ValueError: num_workers must be an int >= 0; got -1
+        ValueError: LoaderConfig.num_workers must be a whole number >= 0; got -1
     """
 
     num_workers: int = 0

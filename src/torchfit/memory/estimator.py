@@ -200,8 +200,6 @@ def estimate(
         loss_chunk=loss_chunk_size,
     )
     dtype, mixed_precision = numerics.weights, numerics.mixed
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     resolved = resolve_model(model)
     options: dict[str, Any] = {

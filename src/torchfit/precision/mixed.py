@@ -88,6 +88,7 @@ class MixedPrecision:
         growth_factor=checks.number(above=1),
         backoff_factor=checks.number(above=0, below=1),
         growth_interval=checks.whole(at_least=1),
+        skip_nonfinite=checks.parsed(_step.parse_check),
     )
     def __init__(
         self,
@@ -102,17 +103,6 @@ class MixedPrecision:
         skip_nonfinite: str | NonFiniteCheck = NonFiniteCheck.LOSS,
     ) -> None:
         """Resolve the precision and build the scaler; see the class docstring."""
-        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(
-                f"accumulate must be a whole number of micro-batches >= 1; got {accumulate!r}"
-            )
-        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
-            raise ValueError(
-                "the loss scale needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor "
-                f"< 1; got {init_scale!r}, {growth_factor!r}, {backoff_factor!r}"
-            )
-        if growth_interval < 1:
-            raise ValueError(f"growth_interval must be >= 1 step; got {growth_interval!r}")
         self.choice: PrecisionChoice = choose_precision(dtype, device=device)
         self.device = torch.device(self.choice.device)
         self.accumulate = accumulate
@@ -208,8 +198,7 @@ class MixedPrecision:
             ValueError: the first-call checks above; ``weight`` given for only part of a
                 window.
         """
-        if weight is not None:
-            _step.check_weight(weight)
+        _step.check_weight(weight)
         if not self._graph_checked:
             self._check_graph(loss)
         weighted = weight is not None
@@ -279,8 +268,7 @@ class MixedPrecision:
             RuntimeError: no `backward` since the last `step`.
             TypeError, ValueError: optimizers or schedulers it cannot drive (first step).
         """
-        opts: list[torch.optim.Optimizer] = _step.as_list(optimizers)
-        scheds: list[torch.optim.lr_scheduler.LRScheduler] = _step.as_list(scheduler, "scheduler")
+        opts, scheds = _step.as_list(optimizers), _step.as_list(scheduler, "scheduler")
         _step.check_options(clip_grad_norm, flush)
         if not self._pending:
             raise RuntimeError(

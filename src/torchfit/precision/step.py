@@ -99,14 +99,15 @@ _WEIGHT = checks.number(above=0, fix="a micro-batch with no share of the window 
 
 
 def check_weight(weight: object) -> None:
-    """Refuse a ``backward(weight=...)`` that is not a finite number > 0.
+    """Refuse a ``backward(weight=...)`` that is not None nor a finite number > 0.
 
     Example:
         >>> check_weight(-1.0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ValueError: weight must be a finite number > 0; got -1.0; ...
     """
-    _WEIGHT("weight", weight)
+    if weight is not None:
+        _WEIGHT("weight", weight)
 
 
 def check_options(clip_grad_norm: object, flush: object) -> None:

@@ -22,7 +22,9 @@ from torchfit.quantize.sizes import measure, predict, predict_unquantized
 __all__ = ["footprint", "quantized_footprint", "weights_footprint"]
 
 
-@checks.arguments(config_or_name=checks.model_ref())
+@checks.arguments(
+    config_or_name=checks.model_ref(), skip_modules=checks.parsed(skip_list, kinds=(str,))
+)
 def quantized_footprint(
     config_or_name: Any,
     *,

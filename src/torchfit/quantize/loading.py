@@ -36,7 +36,9 @@ def _require_stack() -> None:
 
 
 @checks.arguments(
-    path_or_model_or_id=checks.model_ref(), compute_dtype=checks.parsed(hf.parse_compute_dtype)
+    path_or_model_or_id=checks.model_ref(),
+    compute_dtype=checks.parsed(hf.parse_compute_dtype),
+    skip_modules=checks.parsed(skip_list, kinds=(str,)),
 )
 def load_quantized(
     path_or_model_or_id: str | os.PathLike[str] | nn.Module,
@@ -190,6 +192,7 @@ def check_saved(
     model=checks.model(),
     compute_dtype=checks.parsed(hf.parse_compute_dtype),
     device=checks.parsed(parse_device, kinds=(str,)),
+    skip_modules=checks.parsed(skip_list, kinds=(str,)),
 )
 def quantize_model(
     model: nn.Module,
