@@ -120,7 +120,9 @@ def matches(annotation: object, value: object) -> bool:  # noqa: PLR0911 - one p
     if annotation is Any or annotation is object or isinstance(annotation, TypeVar):
         return True
     if isinstance(annotation, Named):
-        return any(cls.__name__ == annotation.name for cls in type(value).__mro__)
+        # case-insensitive: transformers renamed PretrainedConfig to PreTrainedConfig
+        name = annotation.name.lower()
+        return any(cls.__name__.lower() == name for cls in type(value).__mro__)
     if annotation is type(None):
         return value is None
     if annotation is bool:
@@ -144,8 +146,8 @@ def _generic(origin: object, args: tuple[Any, ...], value: object) -> bool:  # n
         return value in args
     if origin is abc.Callable:
         return callable(value)
-    if origin is tuple:
-        return isinstance(value, tuple) and _items(args, value)
+    if origin is tuple:  # a list of the right items is taken where a tuple is annotated
+        return isinstance(value, tuple | list) and _items(args, value)
     if origin in (abc.Sequence, list):
         if isinstance(value, str | bytes) or not isinstance(value, abc.Sequence):
             return False

@@ -32,6 +32,7 @@ from torchfit._core.rules import (
     fail,
     inputs,
     model,
+    model_name,
     model_ref,
     number,
     one_of,
@@ -50,6 +51,7 @@ __all__ = [
     "fields",
     "inputs",
     "model",
+    "model_name",
     "model_ref",
     "number",
     "one_of",
@@ -86,6 +88,8 @@ class _Parameter:
         if matched is _MISSING:
             for rule in self.rules:  # a rule's message is more specific than the type's
                 rule(self.name, value)
+            if any(r.applies(value) and object not in r.kinds for r in self.rules):
+                return value  # a kind the rule names and reads (bytes as a float, say)
             expected = " or ".join(dict.fromkeys(describe(k) for k in self.kinds))
             raise fail(self.name, expected, value, kind=TypeError)
         own = [rule for rule in self.rules if rule.applies(value)]

@@ -24,6 +24,7 @@ __all__ = [
     "fail",
     "inputs",
     "model",
+    "model_name",
     "model_ref",
     "number",
     "one_of",
@@ -293,6 +294,29 @@ def model() -> Rule:
     return Rule(check, (object,))
 
 
+_EMPTY_NAME = (
+    "pass a catalog name such as 'llama-3.1-8b', a Hugging Face Hub id such as "
+    "'meta-llama/Llama-3.1-8B', or a config.json path"
+)
+
+
+def model_name() -> Rule:
+    """A model's name: a string with something in it (never sent to the Hub empty).
+
+    Example:
+        >>> model_name()("name", " ")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: name=' ' is an empty model name; pass a catalog name such as ...
+    """
+
+    def check(name: str, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"{name}={value!r} is an empty model name; {_EMPTY_NAME}")
+        return value
+
+    return Rule(check, (str,))
+
+
 def model_ref() -> Rule:
     """What names a model: a non-empty name or path, a transformers config, an ``nn.Module``.
 
@@ -309,9 +333,7 @@ def model_ref() -> Rule:
         from torch import nn  # noqa: PLC0415 - keeps this module free of torch at import
 
         if isinstance(value, str):
-            if not value.strip():
-                raise fail(name, expected, value)
-            return value
+            return model_name()(name, value)
         config = hasattr(value, "model_type") and hasattr(value, "to_dict")
         if not (config or isinstance(value, os.PathLike | nn.Module)):
             raise fail(name, expected, value, kind=TypeError)

@@ -16,7 +16,6 @@ import inspect
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, overload
 
-from torchfit._core import checks
 from torchfit.memory.batch.predict import (
     Budget,
     Margin,
@@ -159,13 +158,6 @@ def find_batch_size(
     warmup: bool | None = ...,
     max_trials: int = ...,
 ) -> _AccumulatingDecorator: ...
-@checks.arguments(
-    start=checks.whole(at_least=1),
-    max_batch_size=checks.whole(at_least=1),
-    effective_batch_size=checks.whole(at_least=1),
-    margin=checks.number(at_least=0, below=1),
-    max_trials=checks.whole(at_least=1),
-)
 def find_batch_size(
     step: Callable[..., object] | None = None,
     /,

@@ -227,7 +227,7 @@ def list_models(*, task: str | ModelTask | None = None) -> list[ModelEntry]:
     return [entry for entry in entries if entry.task is wanted]
 
 
-@checks.arguments()
+@checks.arguments(name=checks.model_name())
 def model_entry(name: str | ModelEntry) -> ModelEntry:
     """Look a model up by name, forgivingly: case, ``-``/``_``/spaces/dots and hub ids.
 
