@@ -23,7 +23,7 @@ __all__ = ["shard_estimate"]
 
 
 @checks.arguments(
-    world_size=checks.whole(at_least=1),
+    world_size=checks.whole(at_least=1, fix="use world_size=1 for a single GPU"),
     gpus_per_node=checks.whole(at_least=1),
     param_bytes=checks.number(above=0),
     grad_bytes=checks.number(above=0),

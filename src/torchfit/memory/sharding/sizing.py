@@ -18,7 +18,10 @@ __all__ = ["WORLD_SIZES", "deepspeed_zero_bytes", "min_gpus"]
 WORLD_SIZES: tuple[int, ...] = tuple(2**k for k in range(11))  # 1, 2, 4, ..., 1024
 
 
-@checks.arguments(world_size=checks.whole(at_least=1), stage=checks.whole(at_most=3))
+@checks.arguments(
+    world_size=checks.whole(at_least=1, fix="use world_size=1 for a single GPU"),
+    stage=checks.whole(at_least=1, at_most=3),
+)
 def deepspeed_zero_bytes(
     params: int,
     world_size: int,
@@ -52,8 +55,6 @@ def deepspeed_zero_bytes(
     check_world_size(world_size)
     check_count("params", params)
     check_count("largest_layer_params", largest_layer_params)
-    if stage not in (1, 2, 3):
-        raise ValueError(f"stage must be 1, 2 or 3; got {stage!r}")
     if offload_params and stage != 3:
         raise ValueError(f"offload_params needs ZeRO stage 3; got stage={stage}")
     p, n = params, world_size
