@@ -107,7 +107,8 @@ _ESTIMATE = {
     "precision": NAME, "gradient_accumulation_steps": COUNT, "set_to_none": FLAG,
     "keep_output": FLAG, "optimizer_in_backward": FLAG, "loss_chunk_size": COUNT,
     "lora": FREE, "lora_rank": COUNT, "lora_targets": NAME, "lora_dropout": FRACTION,
-    "bitsandbytes_version": NAME, "double_quant": FLAG,
+    "bitsandbytes_version": NAME, "double_quant": FLAG, "quantize_head": FLAG,
+    "base_dtype": DTYPE,
 }  # fmt: skip
 _SHARD = {
     "estimate": Kind("estimate", (1000, "1GB", None, {"weights": 1})),

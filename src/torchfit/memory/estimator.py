@@ -72,6 +72,7 @@ _DEVICES = ("cuda", "cpu")
     lora_rank=checks.whole(at_least=1),
     lora_dropout=checks.number(at_least=0, below=1),
     bitsandbytes_version=checks.parsed(keeps_4bit_input),
+    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
 )
 def estimate(
     model: Any,

@@ -220,6 +220,7 @@ def _lora_settings(
     param_dtype=checks.parsed(parse_dtype, kinds=(str,)),
     context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
     cuda_version=checks.parsed(parse_cuda_version, kinds=(str,)),
+    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
 )
 def fits(
     model: Any,
