@@ -202,6 +202,7 @@ CASES: list[Case] = [
             "warmup": FLAG,
             "max_trials": COUNT,
         },
+        names={"margin": ("Margin.fraction",)},  # its own message, kept from before
     ),
     Case(
         "find_nonfinite",

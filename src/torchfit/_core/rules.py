@@ -217,7 +217,7 @@ def parsed(parse: Callable[[Any], object], *, kinds: tuple[type, ...] = (object,
             parse(value)
         except (TypeError, ValueError) as error:
             said = str(error)  # the parser's own words, once, with the parameter's name
-            named = said.startswith((f"{name}=", f"{name} "))
+            named = said.lower().startswith(name.lower())  # margin: "Margin.fraction ..."
             said = said if named else f"{name}={_got(value)}: {said}"
             raise type(error)(said) from None
         return value

@@ -88,6 +88,7 @@ class Margin:
         if self.reserve < 0:
             raise ValueError(f"Margin.reserve must be >= 0 bytes; got {self.reserve!r}")
 
+    @checks.arguments()
     def usable(self, budget_bytes: int) -> int:
         """Bytes of ``budget_bytes`` a step may use."""
         return math.floor(budget_bytes * (1 - self.fraction)) - self.reserve
