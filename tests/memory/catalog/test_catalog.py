@@ -349,7 +349,7 @@ def test_ambiguous_name_lists_candidates(name, candidates):
 
 
 def test_wrong_types_are_refused():
-    with pytest.raises(TypeError, match="model must be a model name .*; got 42"):
+    with pytest.raises(TypeError, match=r"model must be a model name .*; got 42"):
         model_config(42)
     with pytest.raises(TypeError, match="name must be a string or ModelEntry; got 42"):
         model_entry(42)
