@@ -755,10 +755,20 @@ def test_empty_dataset_yields_nothing_and_says_so():
 @pytest.mark.parametrize(
     ("dataset", "kwargs", "error", "match"),
     [
-        (RangeData(4), {"batch_size": 0}, ValueError, r"batch_size must be an int >= 1; got 0"),
-        (RangeData(4), {"batch_size": -3}, ValueError, r"batch_size must be an int >= 1; got -3"),
-        (RangeData(4), {"batch_size": 2.5}, TypeError, r"batch_size must be an int"),
-        (RangeData(4), {"batch_size": True}, TypeError, r"batch_size must be an int"),
+        (
+            RangeData(4),
+            {"batch_size": 0},
+            ValueError,
+            r"batch_size must be a whole number >= 1; got 0",
+        ),
+        (
+            RangeData(4),
+            {"batch_size": -3},
+            ValueError,
+            r"batch_size must be a whole number >= 1; got -3",
+        ),
+        (RangeData(4), {"batch_size": 2.5}, TypeError, r"batch_size must be a whole number"),
+        (RangeData(4), {"batch_size": True}, TypeError, r"batch_size must be a whole number"),
         (RangeData(4), {"batch_size": 2, "num_workers": -1}, ValueError, r"num_workers must be"),
         (42, {"batch_size": 2}, TypeError, r"dataset must be a torch.utils.data.Dataset"),
         (iter([1, 2]), {"batch_size": 2}, TypeError, r"got list_iterator"),
@@ -795,8 +805,8 @@ def test_bad_arguments_get_clear_errors(dataset, kwargs, error, match):
 @pytest.mark.parametrize(
     ("loader", "step_fn", "kwargs", "error", "match"),
     [
-        ([1, 2], lambda b: None, {"steps": 0}, ValueError, r"steps must be an int >= 1"),
-        ([1, 2], lambda b: None, {"warmup": -1}, ValueError, r"warmup must be an int >= 0"),
+        ([1, 2], lambda b: None, {"steps": 0}, ValueError, r"steps must be a whole number >= 1"),
+        ([1, 2], lambda b: None, {"warmup": -1}, ValueError, r"warmup must be a whole number >= 0"),
         ([1, 2], None, {}, TypeError, r"step_fn must be a callable"),
         ([1, 2], lambda b: None, {"tune": True}, TypeError, r"needs a torch DataLoader"),
         ([1], lambda b: None, {"warmup": 2}, ValueError, r"ran out before a measured step"),

@@ -301,8 +301,8 @@ def test_quantized_weights_and_lora():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(batch_size=0, seq_len=8), "batch_size must be a positive integer"),
-        (dict(batch_size=1, seq_len=-4), "seq_len must be a positive integer"),
+        (dict(batch_size=0, seq_len=8), "batch_size must be a whole number >= 1; got 0"),
+        (dict(batch_size=1, seq_len=-4), "seq_len must be a whole number >= 1; got -4"),
         (dict(batch_size=1, seq_len=4096), "beyond this model's 1024 positions"),
         (dict(batch_size=1, seq_len=8, optimizer="lamb"), "unsupported optimizer 'lamb'"),
         (dict(batch_size=1, seq_len=8, dtype="int3"), "unknown dtype 'int3'"),

@@ -206,7 +206,7 @@ def test_live_bytes_counts_storages_once_skips_meta_and_refuses_storage_less_ten
 
 
 def test_bad_device_and_mixed_devices():
-    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+    with pytest.raises(ValueError, match="device must be one of 'cpu', 'cuda'; got 'tpu'"):
         measure_peak(lambda: None, device="tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):

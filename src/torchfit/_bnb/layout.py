@@ -199,7 +199,8 @@ def keeps_4bit_input(version: str | None = None) -> bool:
             return False
     if not isinstance(version, str):
         raise TypeError(f"bitsandbytes_version must be a string like '0.41.1'; got {version!r}")
-    parts = re.findall(r"\d+", version)[:3]
+    found = re.match(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?!\d|\.\d)", version.strip())
+    parts = [p for p in found.groups() if p is not None] if found else []
     if not parts:
         raise ValueError(f"cannot read the bitsandbytes version {version!r}; pass it like '0.41.1'")
     numbers = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))

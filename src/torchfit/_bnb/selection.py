@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from torchfit._core import checks
 from torchfit._core.imports import require
 
 __all__ = [
@@ -56,6 +57,8 @@ class QuantSettings:
     double_quant: bool = True
 
     def __post_init__(self) -> None:
+        """Refuse bits other than 4 or 8, an unknown quant_type, a non-bool double_quant."""
+        checks.fields(self, "bits")
         if isinstance(self.bits, bool) or self.bits not in (4, 8):
             raise ValueError(
                 f"bits={self.bits!r} is not supported; expected 4 (NF4/FP4 with blocks of 64) "

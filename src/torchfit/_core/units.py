@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from fractions import Fraction
 
 import torch
+
+from torchfit._core import checks
 
 __all__ = ["DType", "format_bytes", "parse_bytes", "parse_dtype"]
 
@@ -61,7 +64,7 @@ def parse_bytes(value: float | str) -> int:
         >>> parse_bytes(4096)
         4096
     """
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
         raise TypeError(
             f"a size must be a number of bytes or a string like '12GB'; got {value!r} "
             f"of type {type(value).__name__}"
@@ -83,7 +86,7 @@ def parse_bytes(value: float | str) -> int:
         return int(Fraction(number) * factor)  # exact: no float rounding of big sizes
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"a size must be a finite number of bytes >= 0; got {value!r}")
-    return int(value)
+    return int(value)  # numpy integers too
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -96,7 +99,15 @@ def format_bytes(num_bytes: float) -> str:
         '1.50 KiB'
         >>> format_bytes(-2 * 2**20)
         '-2.00 MiB'
+        >>> format_bytes(float("nan"))
+        Traceback (most recent call last):
+        ValueError: num_bytes must be a finite number; got nan
     """
+    # Checked here rather than by `checks.arguments`: tables and messages call this often.
+    if isinstance(num_bytes, bool) or not isinstance(num_bytes, numbers.Real):
+        raise checks.fail("num_bytes", "a number of bytes", num_bytes, kind=TypeError)
+    if not math.isfinite(num_bytes):
+        raise checks.fail("num_bytes", "a finite number", num_bytes)
     sign = "-" if num_bytes < 0 else ""
     size = abs(float(num_bytes))
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

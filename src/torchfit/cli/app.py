@@ -12,7 +12,8 @@ from typing import Any, TextIO
 
 from torchfit import __version__
 from torchfit._core.units import format_bytes
-from torchfit.cli.flags import add_step_flags
+from torchfit.cli import values
+from torchfit.cli.flags import add_step_flags, refuse_idle_flags
 
 __all__ = ["main"]
 
@@ -20,7 +21,7 @@ _USAGE_ERROR = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = values.Parser(
         prog="torchfit",
         description="Will it fit? PyTorch memory plans checked against real allocations.",
     )
@@ -34,23 +35,28 @@ def _parser() -> argparse.ArgumentParser:
         "the local cache, then the Hub, config.json only), a catalog name (torchfit models), "
         "torchvision/<name> or timm/<name>, a config.json or a model folder.",
     )
-    plan.add_argument("model")
+    plan.add_argument("model", type=values.model_name)
     plan.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="run the model repository's own Python code to read a model_type transformers "
         "does not know (only for repositories you trust)",
     )
-    plan.add_argument("--gpu", required=True, help='card name ("RTX 3060") or size ("12GiB")')
-    plan.add_argument("--gpus", type=int, default=1, help="number of such cards (default 1)")
+    plan.add_argument(
+        "--gpu", required=True, type=values.gpu, help='card name ("RTX 3060") or size ("12GiB")'
+    )
+    plan.add_argument(
+        "--gpus", type=values.count, default=1, help="number of such cards (default 1)"
+    )
     plan.add_argument(
         "--strategy",
         default=None,
+        type=values.strategy,
         help="with --gpus N: ddp, zero1, zero2, fsdp, hsdp (per-rank plan)",
     )
     plan.add_argument(
         "--gpus-per-node",
-        type=int,
+        type=values.count,
         default=None,
         help="GPUs per node (--strategy hsdp shards within a node; offload host memory)",
     )
@@ -67,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--param-dtype",
         default=None,
+        type=values.dtype,
         help="with --strategy fsdp: FSDP2 MixedPrecisionPolicy(param_dtype=...), bf16 or fp16",
     )
     mode = plan.add_mutually_exclusive_group()
@@ -76,30 +83,34 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--dtype",
         default="auto",
+        type=values.dtype_or_auto,
         help="auto (bf16, or fp16 without native bf16), fp32, bf16, fp16, int8, nf4",
     )
-    plan.add_argument("--seq", type=int, default=None, help="tokens per sample")
-    plan.add_argument("--batch", type=int, default=1, help="batch size to check (default 1)")
+    plan.add_argument("--seq", type=values.count, default=None, help="tokens per sample")
+    plan.add_argument(
+        "--batch", type=values.count, default=1, help="batch size to check (default 1)"
+    )
     plan.add_argument(
         "--input-shape",
-        type=_shape,
+        type=values.shape,
         default=None,
         help="one sample of a vision model, e.g. 3,380,380 (default: the config's image)",
     )
     plan.add_argument(
         "--optimizer",
         default="adamw",
+        type=values.optimizer,
         help="sgd, sgd-momentum, adam, adamw, adamw-8bit, paged-adamw-8bit, paged-adamw, "
         "lion, adafactor",
     )
     plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     plan.add_argument(
         "--trainable-params",
-        type=int,
+        type=values.whole,
         default=None,
         help="parameters that train (LoRA adapters, a frozen base); default: all",
     )
-    plan.add_argument("--attn", default="sdpa", help="eager, sdpa or flash")
+    plan.add_argument("--attn", default="sdpa", type=values.attention, help="eager, sdpa or flash")
     plan.add_argument(
         "--trace",
         action="store_true",
@@ -113,7 +124,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_step_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument("--plot", metavar="PNG", help="draw memory against batch size (plot extra)")
+    plan.add_argument(
+        "--plot",
+        metavar="PNG",
+        type=values.plot_path,
+        help="draw memory against batch size (plot extra)",
+    )
 
     gpus = commands.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
@@ -124,60 +140,57 @@ def _parser() -> argparse.ArgumentParser:
         "Hugging Face cache or the Hub.",
     )
     models.add_argument(
-        "--search", metavar="TEXT", help="only models whose name or Hub id has TEXT"
+        "--search",
+        metavar="TEXT",
+        type=values.text,
+        help="only models whose name or Hub id has TEXT",
     )
     models.add_argument("--json", action="store_true")
     return parser
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    """``"3,224,224"`` as ``(3, 224, 224)``."""
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(","))
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
-        msg = f"--input-shape {text!r}: expected positive sizes such as 3,224,224"
-        raise argparse.ArgumentTypeError(msg)
-    return shape
+#: ``fits``'s parameters and the ``plan`` flags (their argparse dests) that give them.
+_FITS = {
+    "mode": "mode", "dtype": "dtype", "batch_size": "batch", "seq_len": "seq",
+    "input_shape": "input_shape", "optimizer": "optimizer",
+    "gradient_checkpointing": "checkpointing", "attn_implementation": "attn",
+    "trainable_params": "trainable_params", "strategy": "strategy",
+    "offload_optimizer": "offload_optimizer", "offload_params": "offload_params",
+    "param_dtype": "param_dtype", "gpus_per_node": "gpus_per_node", "precision": "precision",
+    "gradient_accumulation_steps": "accumulate", "set_to_none": "set_to_none",
+    "keep_output": "keep_output", "optimizer_in_backward": "optimizer_in_backward",
+    "cuda_version": "cuda_version", "context_bytes": "context", "loss_chunk_size": "loss_chunk",
+    "lora_rank": "lora_rank", "lora_targets": "lora_targets",
+    "bitsandbytes_version": "bitsandbytes_version", "double_quant": "double_quant",
+    "quantize_head": "quantize_head", "base_dtype": "base_dtype",
+}  # fmt: skip
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each of ``fits``'s parameters (and ``plan``'s own dests) -> the flag that sets it."""
+    plan = next(
+        action.choices["plan"]
+        for action in parser._actions  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction)  # noqa: SLF001
+    )
+    by_dest = {
+        action.dest: "/".join(action.option_strings) or action.dest.upper()
+        for action in plan._actions  # noqa: SLF001
+        if action.dest != "help"
+    }
+    return {**by_dest, **{parameter: by_dest[dest] for parameter, dest in _FITS.items()}}
 
 
 def _plan(args: argparse.Namespace) -> int:
     from torchfit.memory.plan import fits, resolve_budget  # noqa: PLC0415
 
+    refuse_idle_flags(args)
     card, _ = resolve_budget(args.gpu)
     target = [card] * args.gpus if args.gpus > 1 else card
     plan = fits(
         _model_of(args),
         target,
-        mode=args.mode,
-        dtype=args.dtype,
-        batch_size=args.batch,
-        seq_len=args.seq,
-        input_shape=args.input_shape,
-        optimizer=args.optimizer,
-        gradient_checkpointing=args.checkpointing,
-        attn_implementation=args.attn,
-        trainable_params=args.trainable_params,
-        strategy=args.strategy,
-        offload_optimizer=args.offload_optimizer,
-        offload_params=args.offload_params,
-        param_dtype=args.param_dtype,
-        gpus_per_node=args.gpus_per_node,
-        precision=args.precision,
-        gradient_accumulation_steps=args.accumulate,
-        set_to_none=args.set_to_none,
-        keep_output=args.keep_output,
-        optimizer_in_backward=args.optimizer_in_backward,
-        cuda_version=args.cuda_version,
-        context_bytes=args.context,
-        loss_chunk_size=args.loss_chunk,
-        lora_rank=args.lora_rank,
-        lora_targets=None if args.lora_targets is None else args.lora_targets.split(","),
-        bitsandbytes_version=args.bitsandbytes_version,
-        double_quant=args.double_quant,
-        quantize_head=args.quantize_head,
-        base_dtype=args.base_dtype,
+        **{parameter: getattr(args, dest) for parameter, dest in _FITS.items()},
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(
@@ -342,7 +355,7 @@ def _models(args: argparse.Namespace) -> int:
     entries = list_models() if args.search is None else search_models(args.search)
     if args.search is not None and not entries:
         raise ValueError(
-            f"no catalog model matches {args.search!r}; `torchfit models` lists all "
+            f"--search: no catalog model matches {args.search!r}; `torchfit models` lists all "
             f"{len(list_models())}, and any Hugging Face Hub id plans too"
         )
     if args.json:
@@ -378,7 +391,11 @@ def _hub_id(entry: Any) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # a usage error (already said in one line), --help, --version
+        return exit_.code if isinstance(exit_.code, int) else _USAGE_ERROR
     handlers = {"plan": _plan, "gpus": _gpus, "models": _models}
     try:
         return handlers[args.command](args)
@@ -386,10 +403,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: PTH123, SIM115 - silence the final flush
         return 0
     except (ValueError, TypeError, FileNotFoundError, ImportError) as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(f"torchfit: error: {first}", file=sys.stderr)
+        message = values.first_line(error)
+        if args.command == "plan" and "--" not in message:  # the library names parameters
+            named = values.flags_in(message, _flags(parser), skip=_GENERIC)
+            message = f"{', '.join(named)}: {message}" if named else message
+        print(f"torchfit: error: {message}", file=sys.stderr)
         return _USAGE_ERROR
     except RuntimeError as error:  # a model whose forward cannot run on the meta device
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(f"torchfit: error: {first}", file=sys.stderr)
+        print(f"torchfit: error: {values.first_line(error)}", file=sys.stderr)
         return 1
+
+
+#: Words that name a parameter but also appear in messages about something else.
+_GENERIC = frozenset({"mode", "json", "trace", "plot", "gpus", "model", "command"})

@@ -19,6 +19,7 @@ from torchfit.loaders.probe import WorkerSeeder, batch_len, close_iterator, cuda
 __all__ = [
     "check_dataset",
     "check_int",
+    "check_loader",
     "check_loader_kwargs",
     "check_options",
     "kwargs_of",
@@ -46,11 +47,21 @@ def check_int(name: str, value: object, *, low: int, fix: str) -> None:
 def check_dataset(dataset: object) -> None:
     """Refuse anything that is neither a map-style nor an iterable dataset."""
     mapstyle = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-    if not isinstance(dataset, Dataset | IterableDataset) and not mapstyle:
+    text = isinstance(dataset, str | bytes | bytearray)  # one sample's worth, not a dataset
+    if text or (not isinstance(dataset, Dataset | IterableDataset) and not mapstyle):
         raise TypeError(
             f"dataset must be a torch.utils.data.Dataset (or a sequence with __getitem__ and "
             f"__len__) or an IterableDataset; got {type(dataset).__name__}. Wrap your data "
             "in a Dataset class (an IterableDataset whose __iter__ starts a fresh stream)"
+        )
+
+
+def check_loader(loader: object) -> None:
+    """Refuse a ``loader`` that does not yield batches (a string or bytes yields characters)."""
+    if isinstance(loader, str | bytes | bytearray) or not hasattr(loader, "__iter__"):
+        raise TypeError(
+            f"loader must be a DataLoader or another iterable of batches; got "
+            f"{type(loader).__name__} {loader!r:.60}"
         )
 
 

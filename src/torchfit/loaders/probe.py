@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from torchfit._core.rng import kept_rng
+
 __all__ = [
     "IndexStream",
     "StreamSampler",
@@ -102,17 +104,11 @@ def preserved_state(generators: Iterable[torch.Generator]) -> Iterator[None]:
     every random stream they may have advanced back where it was.
     """
     gens = list(generators)
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
-    cuda = torch.cuda.get_rng_state_all() if cuda_initialized() else None
     gen_states = [gen.get_state() for gen in gens]
     try:
-        yield
+        with kept_rng():
+            yield
     finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])  # noqa: NPY002
-        torch.set_rng_state(saved[2])
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
         for gen, state in zip(gens, gen_states, strict=True):
             gen.set_state(state)
 

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.loaders.machine import MachineBudget
 
@@ -44,7 +45,7 @@ class LoaderConfig:
         >>> LoaderConfig(num_workers=-1)
         Traceback (most recent call last):
         ...
-        ValueError: num_workers must be an int >= 0; got -1
+        ValueError: LoaderConfig.num_workers must be a whole number >= 0; got -1
     """
 
     num_workers: int = 0
@@ -54,6 +55,7 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         """Refuse knob values a DataLoader would refuse, with the value in the message."""
+        checks.fields(self, prefetch_factor=checks.whole(at_least=1))  # all fields
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
             raise TypeError(f"num_workers must be an int >= 0; got {self.num_workers!r}")
         if self.num_workers < 0:

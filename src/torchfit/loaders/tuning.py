@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from torchfit._core import checks
 from torchfit._core.hardware import parse_device
 from torchfit.loaders.args import (
     check_dataset,
     check_int,
+    check_loader,
     check_loader_kwargs,
     check_options,
     kwargs_of,
@@ -141,6 +143,7 @@ def _tune(
     return loader, report
 
 
+@checks.arguments(batch_size=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def tune_loader(
     dataset: Any,
     *,
@@ -236,6 +239,7 @@ def tune_loader(
     return loader, report
 
 
+@checks.arguments(batch_size=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def tuned_loader(
     dataset: Any,
     *,
@@ -273,6 +277,7 @@ def tuned_loader(
     return loader
 
 
+@checks.arguments(prefetch_factor=checks.whole(at_least=1))
 def check_shm(
     *,
     num_workers: int,
@@ -300,6 +305,7 @@ def check_shm(
     return shm_message(num_workers, prefetch_factor, batch_bytes, share, allowed)
 
 
+@checks.arguments(steps=checks.whole(at_least=1), time_budget=checks.number(above=0))
 def diagnose(
     loader: Iterable[Any],
     step_fn: Callable[[Any], object],
@@ -340,6 +346,7 @@ def diagnose(
         >>> result.bound
         <Bound.INPUT: 'input-bound'>
     """
+    check_loader(loader)
     check_int("steps", steps, low=1, fix="Measure at least one step.")
     check_int("warmup", warmup, low=0, fix="Use 0 for no warm-up.")
     if not callable(step_fn):

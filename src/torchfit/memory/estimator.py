@@ -22,9 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._core import checks
 from torchfit._core.step import OptimizerName, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
+from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
     recorded_dtype,
@@ -45,6 +48,19 @@ __all__ = ["estimate"]
 _DEVICES = ("cuda", "cpu")
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    input_shape=checks.shape(),
+    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    loss_chunk_size=checks.whole(at_least=1),
+    lora_rank=checks.whole(at_least=1),
+    lora_dropout=checks.number(at_least=0, below=1),
+    bitsandbytes_version=checks.parsed(keeps_4bit_input),
+    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
+)
 def estimate(
     model: Any,
     *,
@@ -172,8 +188,6 @@ def estimate(
         loss_chunk=loss_chunk_size,
     )
     dtype, mixed_precision = numerics.weights, numerics.mixed
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     resolved = resolve_model(model)
     options: dict[str, Any] = {
@@ -186,6 +200,12 @@ def estimate(
         "loop": loop,
     }
     config = resolved.config
+    if input_shape is not None and config is not None and not is_vision(config):
+        raise ValueError(
+            f"input_shape={input_shape!r} is the shape of one image or sample, but model_type "
+            f"{config.model_type!r} takes tokens; give seq_len= (tokens per sample) instead "
+            "and leave input_shape out"
+        )
     if config is None or not has_closed_form(config):
         refuse_for_meta_pass(
             lora=wants_lora and (config is None or is_vision(config)),

@@ -23,8 +23,10 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
+from torchfit._core import checks
 from torchfit._core.in_backward import fused_if_asked
 from torchfit._core.ledger import cuda_block_bytes, storage_key, storage_of
+from torchfit._core.rng import kept_rng
 from torchfit._core.step import (
     Loop,
     Mode,
@@ -81,6 +83,7 @@ class Measurement(Generic[T]):
         return "\n".join(lines)
 
 
+@checks.arguments(device=checks.one_of("cpu", "cuda"))
 def live_bytes(*objects: object, device: str | None = None) -> int:
     """Bytes of the distinct storages behind every tensor reachable from ``objects``.
 
@@ -176,6 +179,7 @@ def _replay(deltas: Iterable[int]) -> tuple[int, int]:
     return peak, live
 
 
+@checks.arguments(device=checks.one_of("cpu", "cuda"))
 def measure_peak(
     fn: Callable[..., T],
     *args: Any,
@@ -269,6 +273,12 @@ def _measure_cuda(
     )
 
 
+@checks.arguments(
+    model=checks.model(),
+    example_inputs=checks.inputs(),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    autocast_dtype=checks.among(torch.bfloat16, torch.float16),
+)
 def measure_step(
     model: nn.Module,
     example_inputs: object,
@@ -332,8 +342,7 @@ def measure_step(
             f"precision={precision!r} converts a copy of the model, which an optimizer "
             "built over the original cannot follow; pass the optimizer by name or factory"
         )
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
+    with kept_rng(cuda=True):
         opt: torch.optim.Optimizer | None
         if isinstance(optimizer, torch.optim.Optimizer):
             work, opt = copy.deepcopy((model, optimizer))

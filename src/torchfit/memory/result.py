@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 
 __all__ = ["CATEGORIES", "AffineEstimate", "LayerMemory", "MemoryEstimate"]
@@ -103,8 +104,9 @@ class MemoryEstimate:
                 raise TypeError(f"MemoryEstimate.{name} must be an int of bytes; got {value!r}")
             if value < 0:
                 raise ValueError(f"MemoryEstimate.{name} must be >= 0 bytes; got {value}")
-        if self.reserved is not None and self.reserved < 0:
-            raise ValueError(f"MemoryEstimate.reserved must be >= 0 bytes; got {self.reserved}")
+        checks.fields(
+            self, "reserved", "notes", "layers", "peak_at", device=checks.one_of("cuda", "cpu")
+        )
 
     @property
     def total(self) -> int:
@@ -239,12 +241,18 @@ class AffineEstimate:
     fixed: MemoryEstimate
     per_sample: MemoryEstimate
 
+    def __post_init__(self) -> None:
+        """Refuse parts that are not `MemoryEstimate` objects."""
+        checks.fields(self)
+
+    @checks.arguments()
     def at(self, batch_size: int) -> MemoryEstimate:
         """The estimate at ``batch_size`` samples."""
         if batch_size < 0:
             raise ValueError(f"batch_size must be >= 0; got {batch_size}")
         return self.fixed + self.per_sample * batch_size
 
+    @checks.arguments()
     def max_batch_size(self, budget_bytes: int) -> int:
         """The largest batch whose `total` stays within ``budget_bytes`` (0 if none fits)."""
         room = budget_bytes - self.fixed.total

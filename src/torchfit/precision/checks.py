@@ -177,7 +177,7 @@ def check_optimizers(optimizers: Sequence[torch.optim.Optimizer], *, scaler: boo
     for optimizer in optimizers:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
-                f"step() takes a torch.optim.Optimizer or a list of them; got "
+                "optimizers must be a torch.optim.Optimizer or a list of them; got "
                 f"{type(optimizer).__name__}"
             )
     if len({id(o) for o in optimizers}) != len(optimizers):

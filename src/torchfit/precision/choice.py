@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from torchfit._core import hardware
+from torchfit._core import checks, hardware
+from torchfit._core.hardware import parse_device
 from torchfit._core.units import DType, parse_dtype
 
 __all__ = ["Precision", "PrecisionChoice", "choose_precision", "parse_precision", "resolve_device"]
@@ -133,6 +134,9 @@ class PrecisionChoice:
         return "\n".join(["PrecisionChoice"] + [f"  {name:<11}  {value}" for name, value in rows])
 
 
+@checks.arguments(
+    dtype=checks.parsed(parse_precision), device=checks.parsed(parse_device, kinds=(str,))
+)
 def choose_precision(
     dtype: str | torch.dtype | DType | Precision = "auto",
     *,

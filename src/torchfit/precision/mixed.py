@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torchfit._core import checks
+from torchfit._core.hardware import parse_device
 from torchfit._core.units import DType
 from torchfit.precision import checks as _checks
 from torchfit.precision import step as _step
@@ -15,6 +17,7 @@ from torchfit.precision.choice import (
     Precision,
     PrecisionChoice,
     choose_precision,
+    parse_precision,
 )
 from torchfit.precision.state import STATE_FORMAT, check_state
 from torchfit.precision.step import NonFiniteCheck, StepOutcome
@@ -77,6 +80,16 @@ class MixedPrecision:
         (<Precision.BF16: 'bf16'>, True)
     """
 
+    @checks.arguments(
+        dtype=checks.parsed(parse_precision),
+        device=checks.parsed(parse_device, kinds=(str,)),
+        accumulate=checks.whole(at_least=1),
+        init_scale=checks.number(above=0),
+        growth_factor=checks.number(above=1),
+        backoff_factor=checks.number(above=0, below=1),
+        growth_interval=checks.whole(at_least=1),
+        skip_nonfinite=checks.parsed(_step.parse_check),
+    )
     def __init__(
         self,
         dtype: str | torch.dtype | DType | Precision = "auto",
@@ -90,17 +103,6 @@ class MixedPrecision:
         skip_nonfinite: str | NonFiniteCheck = NonFiniteCheck.LOSS,
     ) -> None:
         """Resolve the precision and build the scaler; see the class docstring."""
-        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(
-                f"accumulate must be a whole number of micro-batches >= 1; got {accumulate!r}"
-            )
-        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
-            raise ValueError(
-                "the loss scale needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor "
-                f"< 1; got {init_scale!r}, {growth_factor!r}, {backoff_factor!r}"
-            )
-        if growth_interval < 1:
-            raise ValueError(f"growth_interval must be >= 1 step; got {growth_interval!r}")
         self.choice: PrecisionChoice = choose_precision(dtype, device=device)
         self.device = torch.device(self.choice.device)
         self.accumulate = accumulate
@@ -196,6 +198,7 @@ class MixedPrecision:
             ValueError: the first-call checks above; ``weight`` given for only part of a
                 window.
         """
+        _step.check_weight(weight)
         if not self._graph_checked:
             self._check_graph(loss)
         weighted = weight is not None
@@ -265,6 +268,8 @@ class MixedPrecision:
             RuntimeError: no `backward` since the last `step`.
             TypeError, ValueError: optimizers or schedulers it cannot drive (first step).
         """
+        opts, scheds = _step.as_list(optimizers), _step.as_list(scheduler, "scheduler")
+        _step.check_options(clip_grad_norm, flush)
         if not self._pending:
             raise RuntimeError(
                 "step() was called without a backward() since the last step(); call "
@@ -274,8 +279,6 @@ class MixedPrecision:
         if micro < self.accumulate and not flush:
             self._micro, self._pending = micro, False
             return StepOutcome.ACCUMULATED
-        opts: list[torch.optim.Optimizer] = _step.as_list(optimizers)
-        scheds: list[torch.optim.lr_scheduler.LRScheduler] = _step.as_list(scheduler)
         self._check_step_args(opts, scheds)  # raises before any state changes
         weighted = bool(self._weighted)
         self._micro, self._pending, self._weighted = 0, False, None
@@ -328,6 +331,7 @@ class MixedPrecision:
 
     # -- checks ---------------------------------------------------------------------------
 
+    @checks.arguments(model=checks.model())
     def check(
         self,
         model: torch.nn.Module,
@@ -354,7 +358,7 @@ class MixedPrecision:
         """
         _checks.check_model(model, self.dtype)
         _checks.check_optimizers(_step.as_list(optimizers), scaler=self.scaler is not None)
-        _checks.check_schedulers(_step.as_list(scheduler))
+        _checks.check_schedulers(_step.as_list(scheduler, "scheduler"))
 
     def _check_graph(self, loss: torch.Tensor) -> None:
         _checks.check_loss(loss, self.device, self.dtype)
@@ -365,10 +369,10 @@ class MixedPrecision:
         opts: list[torch.optim.Optimizer],
         scheds: list[torch.optim.lr_scheduler.LRScheduler],
     ) -> None:
+        if not opts:  # before the cache: () is also its empty start
+            raise ValueError(f"optimizers must be one optimizer or a list of them; got {opts!r}")
         key = tuple(map(id, opts))
         if key != self._checked_optimizers:
-            if not opts:
-                raise ValueError("step() needs at least one optimizer")
             _checks.check_optimizers(opts, scaler=self.scaler is not None)
             self._checked_optimizers = key
         key = tuple(map(id, scheds))

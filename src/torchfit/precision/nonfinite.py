@@ -17,6 +17,8 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from torchfit._core import checks
+
 __all__ = ["NonFinite", "NonFiniteCause", "NonFiniteProbe", "find_nonfinite"]
 
 
@@ -119,6 +121,7 @@ def _to_bools(flags: list[torch.Tensor]) -> list[bool]:
 class NonFiniteProbe:
     """Context manager returned by `find_nonfinite`; read `first` after the block."""
 
+    @checks.arguments(model=checks.model())
     def __init__(self, model: nn.Module) -> None:
         """Watch ``model`` and all its submodules (hooks are added on ``__enter__``)."""
         if not isinstance(model, nn.Module):
@@ -203,6 +206,7 @@ class NonFiniteProbe:
         return f"NonFiniteProbe({type(self._model).__name__}, {state})"
 
 
+@checks.arguments(model=checks.model())
 def find_nonfinite(model: nn.Module) -> NonFiniteProbe:
     """Watch ``model``'s forward passes and name the first module whose output went inf/nan.
 

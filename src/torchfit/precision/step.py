@@ -13,9 +13,18 @@ from typing import Any
 
 import torch
 
+from torchfit._core import checks
 from torchfit.precision import checks as _checks
 
-__all__ = ["NonFiniteCheck", "StepOutcome", "as_list", "boundary", "parse_check"]
+__all__ = [
+    "NonFiniteCheck",
+    "StepOutcome",
+    "as_list",
+    "boundary",
+    "check_options",
+    "check_weight",
+    "parse_check",
+]
 
 
 class NonFiniteCheck(enum.StrEnum):
@@ -61,18 +70,61 @@ class StepOutcome(enum.StrEnum):
     SKIPPED = "skipped"  # inf/nan gradients: no optimizer stepped, schedulers unchanged
 
 
-def as_list(value: Any) -> list[Any]:
-    """One optimizer/scheduler, a sequence of them, or None, as a list.
+def as_list(value: Any, name: str = "optimizers") -> list[Any]:
+    """One optimizer/scheduler, a list or tuple of them, or None, as a list.
+
+    Raises:
+        TypeError: anything else (a single other object, a string), naming ``name``.
 
     Example:
         >>> as_list(None), as_list([1, 2])
         ([], [1, 2])
+        >>> as_list(3, "scheduler")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: scheduler must be a torch optimizer or scheduler, or a list of them; got 3
     """
     if value is None:
         return []
     if isinstance(value, torch.optim.Optimizer | torch.optim.lr_scheduler.LRScheduler):
         return [value]
+    if not isinstance(value, list | tuple):
+        raise checks.fail(
+            name, "a torch optimizer or scheduler, or a list of them", value, kind=TypeError
+        )
     return list(value)
+
+
+_CLIP = checks.number(above=0, fix="clip_grad_norm=None does not clip")
+_WEIGHT = checks.number(above=0, fix="a micro-batch with no share of the window needs no backward")
+
+
+def check_weight(weight: object) -> None:
+    """Refuse a ``backward(weight=...)`` that is not None nor a finite number > 0.
+
+    Example:
+        >>> check_weight(-1.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: weight must be a finite number > 0; got -1.0; ...
+    """
+    if weight is not None:
+        _WEIGHT("weight", weight)
+
+
+def check_options(clip_grad_norm: object, flush: object) -> None:
+    """Refuse a clipping norm that is not a finite number > 0 and a non-bool ``flush``.
+
+    A NaN norm turns every weight NaN, a negative one steps against the gradient and 0
+    erases it: each is an error, not a step.
+
+    Example:
+        >>> check_options(float("nan"), False)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: clip_grad_norm must be a finite number > 0; got nan; ...
+    """
+    if clip_grad_norm is not None:
+        _CLIP("clip_grad_norm", clip_grad_norm)
+    if not isinstance(flush, bool):
+        raise checks.fail("flush", "True or False", flush, kind=TypeError)
 
 
 def boundary(

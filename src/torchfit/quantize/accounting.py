@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
+from torchfit._core import checks
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.catalog.build import instantiate, model_class_for
 from torchfit.memory.catalog.hub import load_dtype
@@ -21,6 +22,9 @@ from torchfit.quantize.sizes import measure, predict, predict_unquantized
 __all__ = ["footprint", "quantized_footprint", "weights_footprint"]
 
 
+@checks.arguments(
+    config_or_name=checks.model_ref(), skip_modules=checks.parsed(skip_list, kinds=(str,))
+)
 def quantized_footprint(
     config_or_name: Any,
     *,
@@ -92,6 +96,7 @@ def quantized_footprint(
     return predict(model, plan, settings, device=device, cpu_packed=cpu_packed)
 
 
+@checks.arguments(config_or_name=checks.model_ref())
 def weights_footprint(
     config_or_name: Any,
     dtype: str | torch.dtype | DType,
@@ -137,6 +142,7 @@ def weights_footprint(
     return predict_unquantized(meta, device=device)
 
 
+@checks.arguments(model=checks.model())
 def footprint(model: nn.Module) -> Footprint:
     """The bytes ``model`` really holds: weights, buffers and quantization state.
 

@@ -14,7 +14,7 @@ import torch
 from torchfit._core import hardware
 from torchfit._core.units import DType, parse_dtype
 
-__all__ = ["resolve_compute_dtype", "saved_quantization", "target_device"]
+__all__ = ["parse_compute_dtype", "resolve_compute_dtype", "saved_quantization", "target_device"]
 
 
 def target_device(device_map: Any) -> str:
@@ -37,6 +37,23 @@ def target_device(device_map: Any) -> str:
     return "cpu"
 
 
+def parse_compute_dtype(value: Any) -> torch.dtype | None:
+    """``"auto"`` (None: decided later) or a float compute dtype (fp32, fp16, bf16).
+
+    Example:
+        >>> parse_compute_dtype("bf16"), parse_compute_dtype("auto")
+        (torch.bfloat16, None)
+    """
+    if isinstance(value, str) and value == "auto":
+        return None
+    dtype = value if isinstance(value, DType) else parse_dtype(value)
+    if dtype not in (DType.FP32, DType.FP16, DType.BF16):
+        raise ValueError(
+            f"compute_dtype={value!r} is not a compute type; use 'bf16', 'fp16', 'fp32' or 'auto'"
+        )
+    return dtype.torch_dtype
+
+
 def resolve_compute_dtype(
     value: Any, *, bits: int, model_dtype: torch.dtype, device: str
 ) -> torch.dtype | None:
@@ -55,13 +72,7 @@ def resolve_compute_dtype(
             )
         return None
     if value != "auto":
-        dtype = value if isinstance(value, DType) else parse_dtype(value)
-        if dtype not in (DType.FP32, DType.FP16, DType.BF16):
-            raise ValueError(
-                f"compute_dtype={value!r} is not a compute type; use 'bf16', 'fp16', 'fp32' "
-                "or 'auto'"
-            )
-        return dtype.torch_dtype
+        return parse_compute_dtype(value)
     if model_dtype in (torch.float16, torch.bfloat16):
         return model_dtype
     if device == "cuda":

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
+from torchfit._core import checks
+from torchfit._core.hardware import parse_device
 from torchfit._core.imports import require
 from torchfit.memory.catalog.build import instantiate, model_class_for
 from torchfit.memory.catalog.hub import hub_error, load_config, load_dtype
@@ -33,6 +35,11 @@ def _require_stack() -> None:
         require(package, feature=_FEATURE)
 
 
+@checks.arguments(
+    path_or_model_or_id=checks.model_ref(),
+    compute_dtype=checks.parsed(hf.parse_compute_dtype),
+    skip_modules=checks.parsed(skip_list, kinds=(str,)),
+)
 def load_quantized(
     path_or_model_or_id: str | os.PathLike[str] | nn.Module,
     *,
@@ -181,6 +188,12 @@ def check_saved(
     return skip
 
 
+@checks.arguments(
+    model=checks.model(),
+    compute_dtype=checks.parsed(hf.parse_compute_dtype),
+    device=checks.parsed(parse_device, kinds=(str,)),
+    skip_modules=checks.parsed(skip_list, kinds=(str,)),
+)
 def quantize_model(
     model: nn.Module,
     *,

@@ -1,5 +1,5 @@
+import dataclasses
 import itertools
-import types
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from torchfit.memory.allocator import (
     to_device,
 )
 from torchfit.memory.allocator.rules import _roundup_power2_next_division
+from torchfit.memory.gpus import GPU
 from torchfit.memory.result import MemoryEstimate
 
 KiB = 2**10
@@ -544,7 +545,7 @@ def test_reset_peak_stats_and_the_stats_table():
         ([("a",)], ValueError, "not allocated"),
         ([("a", 1, 2)], ValueError, "expected"),
         (["ab"], ValueError, "expected"),
-        ([("a", 1.5)], TypeError, "expected an int"),
+        ([("a", 1.5)], TypeError, r"events\[0\] nbytes must be a whole number"),
     ],
 )
 def test_replay_rejects_malformed_traces(events, error, match):
@@ -560,11 +561,18 @@ def test_replay_accepts_none_as_a_free_and_reuses_freed_keys():
 # --- context, workspace, to_device ----------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class _Measured(GPU):
+    """A card record that carries a measured context (the catalog's optional field)."""
+
+    cuda_context_bytes: int = 0
+
+
 def test_cuda_context_defaults_and_overrides(monkeypatch):
     monkeypatch.delenv(al.CONTEXT_ENV_VAR, raising=False)
     assert cuda_context_bytes() == 287_047_680
     assert cuda_context_bytes(lazy_loading=False) == 666_632_192
-    measured = types.SimpleNamespace(cuda_context_bytes=500 * MiB)
+    measured = _Measured(**vars(GPU.custom("lab", memory="24GiB")), cuda_context_bytes=500 * MiB)
     assert cuda_context_bytes(measured) == 500 * MiB
     monkeypatch.setenv(al.CONTEXT_ENV_VAR, "512MiB")
     assert cuda_context_bytes(measured) == 512 * MiB
@@ -621,7 +629,7 @@ def test_to_device_refuses_a_cpu_estimate():
 def test_to_device_without_events_approximates(monkeypatch):
     monkeypatch.delenv(al.CONTEXT_ENV_VAR, raising=False)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    gpu = types.SimpleNamespace(compute_capability=(8, 6))
+    gpu = GPU.custom("lab", memory="24GiB", compute_capability=(8, 6))
     e = MemoryEstimate(weights=100 * MiB, activations=300 * MiB, workspace=MiB)
     out = to_device(e, gpu=gpu)
     assert out.workspace == MiB + 8_519_680
@@ -647,7 +655,7 @@ def test_to_device_with_events_replays_them(monkeypatch):
     assert plain.reserved == replay(events).peak_reserved == 52 * MiB
     assert not any("events cover" in note for note in plain.notes)
     assert (plain.workspace, plain.context) == (0, 0)
-    gpu = types.SimpleNamespace(compute_capability=(8, 0))
+    gpu = GPU.custom("lab", memory="80GiB", compute_capability=(8, 0))
     with_ws = to_device(e, gpu=gpu, events=events, context_bytes="1GB")
     assert with_ws.reserved == replay([("ws", 8_519_680), *events]).peak_reserved
     assert with_ws.context == 10**9

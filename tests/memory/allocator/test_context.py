@@ -49,7 +49,7 @@ def test_the_environment_variable_still_overrides(monkeypatch):
         (dict(cuda_version="twelve"), ValueError, "cannot read the CUDA version 'twelve'"),
         (dict(cuda_version=object()), TypeError, "cannot read the CUDA version"),
         (dict(cuda_version="11.2", lazy_loading=True), ValueError, "arrived in CUDA 11.7"),
-        (dict(lazy_loading="yes"), TypeError, "lazy_loading must be True, False or None"),
+        (dict(lazy_loading="yes"), TypeError, "lazy_loading must be True or False or None"),
     ],
 )
 def test_bad_versions_are_named(kwargs, error, message, monkeypatch):

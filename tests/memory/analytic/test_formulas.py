@@ -51,7 +51,7 @@ def test_kv_cache_sliding_window_caps_positions():
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_kv_cache_rejects_bad_sizes(bad):
-    with pytest.raises(ValueError, match="seq_len must be a positive integer"):
+    with pytest.raises((ValueError, TypeError), match="seq_len must be a whole number >= 1"):
         kv_cache_bytes(batch_size=1, seq_len=bad, num_layers=1, num_kv_heads=1, head_dim=1)
 
 

@@ -136,8 +136,14 @@ def test_paged_state_is_outside_the_cuda_allocator():
         (dict(precision="32", dtype="nf4"), "computes in 16 bits"),
         (dict(precision="bf16-mixed", mixed_precision=False), "contradict each other"),
         (dict(precision="bf16-sometimes"), "unknown precision 'bf16-sometimes'"),
-        (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1"),
-        (dict(gradient_accumulation_steps=2.5), "gradient_accumulation_steps must be an int"),
+        (
+            dict(gradient_accumulation_steps=0),
+            "gradient_accumulation_steps must be a whole number >= 1; got 0",
+        ),
+        (
+            dict(gradient_accumulation_steps=2.5),
+            "gradient_accumulation_steps must be a whole number",
+        ),
         (dict(set_to_none="no"), "set_to_none must be True or False"),
         (
             dict(optimizer_in_backward=True, gradient_accumulation_steps=2),
@@ -170,5 +176,5 @@ def test_a_chunked_loss_makes_one_chunk_of_logit_gradients():
     assert 2 * 2 * 32 * VOCAB * 4 <= chunked.workspace < whole.workspace
     assert whole.total - chunked.total == whole.workspace - chunked.workspace
     assert any("chunks of 32 positions" in note for note in chunked.notes)
-    with pytest.raises(ValueError, match="loss_chunk_size must be >= 1"):
+    with pytest.raises(ValueError, match="loss_chunk_size must be a whole number >= 1"):
         estimate(config, loss_chunk_size=0, **common)

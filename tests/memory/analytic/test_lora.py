@@ -129,10 +129,14 @@ def test_a_quantized_base_assumes_peft_default_adapters_and_says_so():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(lora_targets=["qq_proj"]), ValueError, "LoRA target 'qq_proj' matches no Linear"),
+        (dict(lora_targets=["qq_proj"]), ValueError, "lora_targets: 'qq_proj' matches no Linear"),
         (dict(lora_targets=[]), ValueError, "lora_targets is empty"),
-        (dict(lora_rank=0), ValueError, "lora_rank must be an int >= 1"),
-        (dict(lora_dropout=1.5), ValueError, r"lora_dropout must be in \[0, 1\)"),
+        (dict(lora_rank=0), ValueError, "lora_rank must be a whole number >= 1; got 0"),
+        (
+            dict(lora_dropout=1.5),
+            ValueError,
+            r"lora_dropout must be a finite number >= 0 and < 1; got 1.5",
+        ),
         (dict(lora_rank=8, trainable_params=5), ValueError, "contradicts the LoRA adapters"),
     ],
 )

@@ -137,7 +137,7 @@ def test_solve_batch_size_is_the_largest_size_within_the_usable_bytes(
     [
         ({"fraction": 1.5}, r"fraction must be in \[0, 1\); got 1.5"),
         ({"fraction": -0.1}, r"fraction must be in \[0, 1\)"),
-        ({"fraction": 0.1, "reserve": -1}, "reserve must be >= 0 bytes; got -1"),
+        ({"fraction": 0.1, "reserve": -1}, "Margin.reserve must be a whole number >= 0; got -1"),
     ],
 )
 def test_margin_rejects_nonsense(kwargs, message):

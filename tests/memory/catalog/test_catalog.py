@@ -351,11 +351,11 @@ def test_ambiguous_name_lists_candidates(name, candidates):
 
 
 def test_wrong_types_are_refused():
-    with pytest.raises(TypeError, match="got int"):
+    with pytest.raises(TypeError, match=r"model must be a model name .*; got 42"):
         model_config(42)
-    with pytest.raises(TypeError, match="got int"):
+    with pytest.raises(TypeError, match="name must be a string or ModelEntry; got 42"):
         model_entry(42)
-    with pytest.raises(TypeError, match=r"needs an nn\.Module; got str"):
+    with pytest.raises(TypeError, match=r"model must be an nn\.Module; got 'gpt2'"):
         count_parameters("gpt2")
 
 

@@ -266,7 +266,7 @@ def test_offload_puts_the_overflow_on_the_cpu_and_runs_it_on_gpu_0():
             r"gpus\[0\]: cannot read 'RTX 9999 Ultra' as a memory budget.*unknown GPU",
         ),
         ({"gpus": []}, r"gpus is empty; list the cards"),
-        ({"batch_size": 0}, r"batch_size must be a positive integer .*got 0"),
+        ({"batch_size": 0}, r"batch_size must be a whole number >= 1; got 0"),
         ({"dtype": "nf4"}, r"dtype='nf4': expected 'auto'.*bits=4"),
         ({"bits": 3}, r"bits=3 is not supported"),
         ({"bits": 4, "offload": True}, r"offload=True with bits=4: transformers refuses"),

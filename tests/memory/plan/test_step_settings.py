@@ -66,7 +66,10 @@ def test_the_cuda_version_and_a_measured_context_reach_the_plan():
         (dict(precision="32", dtype="nf4"), "computes in 16 bits"),
         (dict(precision="bf16-true", dtype="fp16"), "contradicts precision"),
         (dict(precision="fp8-true"), "unknown precision 'fp8-true'"),
-        (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1"),
+        (
+            dict(gradient_accumulation_steps=0),
+            "gradient_accumulation_steps must be a whole number >= 1; got 0",
+        ),
         (dict(cuda_version="eleven"), "cannot read the CUDA version"),
     ],
 )

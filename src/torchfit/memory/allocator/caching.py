@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.blocks import Block, FreePool
 from torchfit.memory.allocator.rules import (
@@ -70,6 +71,7 @@ class CachingAllocator:
         (2097152, 23068672)
     """
 
+    @checks.arguments(capacity=checks.whole(at_least=1))
     def __init__(
         self,
         *,
@@ -217,6 +219,8 @@ class CachingAllocator:
         Mirrors ``free_block``: merge with free neighbours (``try_merge_blocks``), then
         back into the pool's free set.
         """
+        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
+            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
         try:
             block = self._live.pop(handle)
         except KeyError:

@@ -12,6 +12,7 @@ import os
 import re
 from typing import TYPE_CHECKING
 
+from torchfit._core import checks
 from torchfit._core.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ __all__ = [
     "EAGER_CUDA_CONTEXT_BYTES",
     "LAZY_LOADING_SINCE",
     "PRE_LAZY_CUDA_CONTEXT_BYTES",
+    "check_context_size",
     "cuda_context_bytes",
     "given_context",
     "measure_cuda_context",
@@ -97,6 +99,7 @@ def parse_cuda_version(value: object) -> tuple[int, int]:
     )
 
 
+@checks.arguments(cuda_version=checks.parsed(parse_cuda_version))
 def cuda_context_bytes(
     gpu: str | GPU | None = None,
     *,
@@ -217,6 +220,18 @@ def measure_cuda_context(device: int | str | None = None) -> int:
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         return int(total - free - torch.cuda.memory_reserved())
+
+
+def check_context_size(value: object) -> None:
+    """Refuse what `given_context` cannot read (without measuring anything).
+
+    Example:
+        >>> check_context_size("measure"), check_context_size("420MiB")
+        (None, None)
+    """
+    if isinstance(value, str) and value.strip().lower() == "measure":
+        return
+    parse_bytes(value)  # type: ignore[arg-type]
 
 
 def given_context(value: int | str | None) -> int | None:

@@ -28,10 +28,13 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.context import (
+    check_context_size,
     context_and_source,
     given_context,
+    parse_cuda_version,
     resolve_gpu,
 )
 from torchfit.memory.allocator.rules import (
@@ -70,6 +73,13 @@ _CUBLAS_CONFIG_RE = re.compile(r":([0-9]+):([0-9]+)")  # the regex PyTorch appli
 
 
 def _capability_major(compute_capability: object) -> int:
+    major = _read_major(compute_capability)
+    if major < 0:
+        raise ValueError(f"compute capability {compute_capability!r} is negative; use e.g. (9, 0)")
+    return major
+
+
+def _read_major(compute_capability: object) -> int:
     value = compute_capability
     if isinstance(value, tuple | list) and value and isinstance(value[0], int):
         return int(value[0])
@@ -90,6 +100,8 @@ def _capability_major(compute_capability: object) -> int:
     )
 
 
+@checks.arguments(compute_capability=checks.parsed(_capability_major))
+@checks.arguments(compute_capability=checks.parsed(_capability_major))
 def cublas_workspace_bytes(compute_capability: object = None) -> int:
     """The cuBLAS workspace PyTorch allocates, through the caching allocator, per handle.
 
@@ -170,6 +182,11 @@ class _WorkspaceKey:
 _WORKSPACE_KEY = _WorkspaceKey()
 
 
+@checks.arguments(
+    context_bytes=checks.parsed(check_context_size, kinds=(str, int, float)),
+    fragmentation=checks.number(at_least=0, below=1),
+    cuda_version=checks.parsed(parse_cuda_version),
+)
 def to_device(
     estimate: MemoryEstimate,
     *,

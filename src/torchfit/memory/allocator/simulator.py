@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from torchfit._core import checks
 from torchfit._core.ledger import Event
 from torchfit.memory.allocator.caching import CachingAllocator
 from torchfit.memory.allocator.rules import AllocatorStats
@@ -17,20 +18,32 @@ from torchfit.memory.allocator.rules import AllocatorStats
 __all__ = ["CachingAllocator", "replay"]
 
 
-def _parse(index: int, event: object) -> tuple[object, object]:
+def _parse(index: int, event: object) -> tuple[object, int | None]:
     """``(key, nbytes)`` of an event; ``nbytes`` is ``None`` for a free."""
     if isinstance(event, Event):
         if event.kind not in ("alloc", "free"):
-            raise ValueError(f"event {index} is {event!r}; an Event's kind is 'alloc' or 'free'")
-        return event.id, event.nbytes if event.kind == "alloc" else None
+            raise ValueError(f"events[{index}] is {event!r}; an Event's kind is 'alloc' or 'free'")
+        return event.id, _bytes(index, event.nbytes) if event.kind == "alloc" else None
     if not isinstance(event, Sequence) or isinstance(event, str) or len(event) not in (1, 2):
         raise ValueError(
-            f"event {index} is {event!r}; expected an Event, (key, nbytes) to allocate or "
+            f"events[{index}] is {event!r}; expected an Event, (key, nbytes) to allocate or "
             "(key,) / (key, None) to free"
         )
-    return event[0], event[1] if len(event) == 2 else None  # (key, nbytes) or (key, None)
+    nbytes = event[1] if len(event) == 2 else None  # (key, nbytes) or (key, None)
+    return event[0], None if nbytes is None else _bytes(index, nbytes)
 
 
+_BYTES = checks.whole()
+
+
+def _bytes(index: int, nbytes: object) -> int:
+    """An allocation's size, or the error that names the event."""
+    if type(nbytes) is int and nbytes >= 0:  # once per event: the common case kept cheap
+        return nbytes
+    return int(_BYTES(f"events[{index}] nbytes", nbytes))
+
+
+@checks.arguments(capacity=checks.whole(at_least=1))
 def replay(
     events: Iterable[Event | Sequence[object]],
     *,
@@ -82,17 +95,15 @@ def replay(
         if nbytes is None:
             if key not in handles:
                 raise ValueError(
-                    f"event {index} frees {key!r}, which is not allocated; every free needs "
+                    f"events[{index}] frees {key!r}, which is not allocated; every free needs "
                     "an earlier (key, nbytes) allocation in the same trace"
                 )
             allocator.free(handles.pop(key))
             continue
         if key in handles:
             raise ValueError(
-                f"event {index} allocates {key!r}, which is still allocated; free it first "
+                f"events[{index}] allocates {key!r}, which is still allocated; free it first "
                 "or use a fresh key"
             )
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-            raise TypeError(f"event {index} allocates {nbytes!r} bytes; expected an int >= 0")
         handles[key] = allocator.malloc(nbytes)
     return allocator.stats()

@@ -12,6 +12,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from torchfit._core import checks
+
 __all__ = ["Family", "MoESpec", "TransformerSpec", "describe", "has_closed_form"]
 
 
@@ -138,6 +140,7 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
+@checks.arguments(config=checks.model_ref())
 def describe(config: Any) -> TransformerSpec:
     """Read a transformers config into a `TransformerSpec`.
 

@@ -14,6 +14,7 @@ import enum
 import math
 from collections.abc import Sequence
 
+from torchfit._core import checks
 from torchfit._core.step import OptimizerName, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe
@@ -102,6 +103,16 @@ def keeps_linear_state(
     )
 
 
+@checks.arguments(
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    num_heads=checks.whole(at_least=1),
+    head_dim=checks.whole(at_least=1),
+    implementation=checks.parsed(parse_attention, kinds=(str,)),
+    dropout=checks.number(at_least=0, below=1),
+    num_kv_heads=checks.whole(at_least=1),
+    device=checks.one_of("cuda", "cpu"),
+)
 def attention_bytes(
     *,
     batch_size: int,
@@ -171,6 +182,14 @@ def attention_bytes(
     return math.ceil(saved)
 
 
+@checks.arguments(
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    num_layers=checks.whole(at_least=1),
+    num_kv_heads=checks.whole(at_least=1),
+    head_dim=checks.whole(at_least=1),
+    sliding_window=checks.whole(at_least=1),
+)
 def kv_cache_bytes(
     *,
     batch_size: int,
@@ -205,6 +224,9 @@ def kv_cache_bytes(
     return math.ceil(2 * num_layers * batch_size * positions * num_kv_heads * head_dim * elem)
 
 
+@checks.arguments(
+    config=checks.model_ref(), batch_size=checks.whole(at_least=1), seq_len=checks.whole(at_least=1)
+)
 def kv_cache_bytes_for(
     config: object,
     *,
@@ -276,6 +298,7 @@ def factored_state_bytes(shapes: Sequence[tuple[int, ...]], *, itemsize: float) 
     return total
 
 
+@checks.arguments(shapes=checks.each(checks.shape(at_least=0)))
 def optimizer_state_bytes(
     optimizer: str | OptimizerName | None,
     *,
@@ -327,6 +350,7 @@ def optimizer_state_bytes(
     return blockwise + 2 * small * FP32 + FP32 * num_tensors
 
 
+@checks.arguments(shapes=checks.each(checks.shape(at_least=0)))
 def model_state_bytes(
     *,
     params: int,

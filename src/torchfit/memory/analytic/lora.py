@@ -149,7 +149,7 @@ def resolve_targets(
         else:
             known = ", ".join(sorted({*names, "all-linear", "lm_head"}))
             raise ValueError(
-                f"LoRA target {name!r} matches no Linear of a {spec.family.value}-style "
+                f"lora_targets: {name!r} matches no Linear of a {spec.family.value}-style "
                 f"block; expected some of: {known}"
             )
     return frozenset(roles), head

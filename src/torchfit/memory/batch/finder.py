@@ -16,10 +16,14 @@ import inspect
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, overload
 
+from torchfit._core import checks
 from torchfit.memory.batch.predict import (
     Budget,
+    BudgetKind,
     Margin,
     Predictor,
+    find_budget,
+    resolve_margin,
 )
 from torchfit.memory.batch.results import BatchSizeResult
 from torchfit.memory.batch.search import Options, Search
@@ -158,6 +162,10 @@ def find_batch_size(
     warmup: bool | None = ...,
     max_trials: int = ...,
 ) -> _AccumulatingDecorator: ...
+@checks.arguments(  # types at the door; the search's own checks say the rest (Options)
+    budget=checks.parsed(find_budget, kinds=(int, float)),  # a name: its own message
+    margin=checks.parsed(lambda margin: resolve_margin(margin, BudgetKind.BYTES, 0)),
+)
 def find_batch_size(
     step: Callable[..., object] | None = None,
     /,

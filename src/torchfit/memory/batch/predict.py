@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from torchfit._core import checks
 from torchfit._core.bisection import gallop, last_true
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.allocator.context import cuda_context_bytes
@@ -81,11 +82,13 @@ class Margin:
 
     def __post_init__(self) -> None:
         """Refuse a fraction outside [0, 1) and a negative reserve."""
+        checks.fields(self)
         if not 0 <= self.fraction < 1:
             raise ValueError(f"Margin.fraction must be in [0, 1); got {self.fraction!r}")
         if self.reserve < 0:
             raise ValueError(f"Margin.reserve must be >= 0 bytes; got {self.reserve!r}")
 
+    @checks.arguments()
     def usable(self, budget_bytes: int) -> int:
         """Bytes of ``budget_bytes`` a step may use."""
         return math.floor(budget_bytes * (1 - self.fraction)) - self.reserve
@@ -117,6 +120,11 @@ def find_budget(budget: Budget) -> FoundBudget:
     found = read_budget(budget)
     if isinstance(found, GPU):
         return FoundBudget(int(found.total), BudgetKind.GPU, found)
+    if found <= 0:
+        raise ValueError(
+            f"budget must be more than 0 bytes; got {budget!r}: no batch fits in nothing. Pass "
+            "the memory the step may use, e.g. budget='8GiB' or a card name"
+        )
     return FoundBudget(found, BudgetKind.BYTES)
 
 
@@ -141,6 +149,10 @@ def resolve_margin(
     return Margin(fraction, reserve=reserve)
 
 
+@checks.arguments(
+    budget_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
+    margin=checks.number(at_least=0, below=1),
+)
 def solve_batch_size(
     line: AffineEstimate, budget_bytes: int | str, *, margin: float | Margin = _FRACTION_CARD
 ) -> int:
@@ -263,6 +275,9 @@ def _solve_callable(
     return last_true(fits, good, bad), line
 
 
+@checks.arguments(
+    margin=checks.number(at_least=0, below=1), batch_sizes=checks.each(checks.whole(at_least=1))
+)
 def max_batch_size(
     predict: Predictor,
     budget: Budget,

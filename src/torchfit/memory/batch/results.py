@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 
 __all__ = ["BatchSizeResult", "BatchTrial", "TrialOutcome", "is_oom"]
@@ -24,6 +25,7 @@ _OOM_MESSAGES = (
 )
 
 
+@checks.arguments()
 def is_oom(exc: BaseException) -> bool:
     """True when ``exc`` (or the error it was raised from) means memory ran out.
 

@@ -33,6 +33,7 @@ from typing import Any, Self
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchfit._core import checks
 from torchfit._core.ledger import CUDA_BLOCK, Entry, Ledger, storage_key
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.units import format_bytes, parse_bytes
@@ -270,6 +271,10 @@ def active_simulator() -> SimulatedGPU | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+@checks.arguments(
+    gpu_or_bytes=checks.parsed(budget_of, kinds=(str, int, float)),
+    used=checks.parsed(parse_bytes, kinds=(str, int, float)),
+)
 def simulate_gpu(
     gpu_or_bytes: int | str | GPU,
     *,
@@ -316,6 +321,13 @@ def simulate_gpu(
     """
     capacity, name = budget_of(gpu_or_bytes)
     if capacity <= 0:
-        raise ValueError(f"a simulated GPU needs a capacity > 0 bytes; got {gpu_or_bytes!r}")
+        raise ValueError(f"gpu_or_bytes must be a capacity > 0 bytes; got {gpu_or_bytes!r}")
+    taken = parse_bytes(used)
+    if taken >= capacity:
+        raise ValueError(
+            f"used={used!r} ({format_bytes(taken)}) leaves nothing of the "
+            f"{format_bytes(capacity)} card {name!r}; pass used= below the capacity (it is "
+            "what the card holds before any tensor, e.g. the CUDA context)"
+        )
     track_tuple = track if isinstance(track, tuple) else (track,)
-    return SimulatedGPU(capacity, name=name, track=track_tuple, used=parse_bytes(used))
+    return SimulatedGPU(capacity, name=name, track=track_tuple, used=taken)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from torchfit._core import checks
 from torchfit._core.ledger import view_key
 
 __all__ = ["count_parameters"]
 
 
+@checks.arguments(model=checks.model())
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     """The exact number of distinct parameters: tied or shared weights count once.
 

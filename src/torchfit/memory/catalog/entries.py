@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
+from torchfit._core import checks
 from torchfit._core.imports import require
 
 if TYPE_CHECKING:
@@ -202,6 +203,7 @@ def _catalog() -> tuple[tuple[ModelEntry, ...], dict[str, ModelEntry]]:
     return tuple(entries), index
 
 
+@checks.arguments()
 def list_models(*, task: str | ModelTask | None = None) -> list[ModelEntry]:
     """The catalog, sorted by family, then size; optionally only one task.
 
@@ -225,6 +227,7 @@ def list_models(*, task: str | ModelTask | None = None) -> list[ModelEntry]:
     return [entry for entry in entries if entry.task is wanted]
 
 
+@checks.arguments(name=checks.model_name())
 def model_entry(name: str | ModelEntry) -> ModelEntry:
     """Look a model up by name, forgivingly: case, ``-``/``_``/spaces/dots and hub ids.
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from torchfit._core import checks
+from torchfit._core.hardware import parse_device
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.catalog.build import instantiate, model_class_for, model_dtype
 from torchfit.memory.catalog.classic import CLASSICS
@@ -172,6 +174,7 @@ def _from_entry(entry: ModelEntry) -> Resolved:
     return Resolved(None, module, "catalog", entry.input_shape)
 
 
+@checks.arguments(model=checks.model_ref())
 def model_config(
     model: str | os.PathLike[str] | PretrainedConfig, *, trust_remote_code: bool = False
 ) -> PretrainedConfig:
@@ -232,6 +235,7 @@ def resolve_config(model: Any, *, hub: bool = True, trust_remote_code: bool = Fa
     return resolved.config
 
 
+@checks.arguments(model=checks.model_ref(), device=checks.parsed(parse_device, kinds=(str,)))
 def build_model(
     model: Any,
     *,

@@ -45,7 +45,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchfit._core.units import DType, format_bytes
+from torchfit._core import checks
+from torchfit._core.units import DType, format_bytes, parse_bytes
+from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.device_map.planner import Planner
 from torchfit.memory.device_map.result import DeviceMap
 from torchfit.memory.gpus import GPU
@@ -81,6 +83,15 @@ def _overflow_error(planner: Planner, result: DeviceMap) -> ValueError:
     )
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    quant_type=checks.one_of("nf4", "fp4"),
+    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
+    reserve=checks.parsed(parse_bytes, kinds=(str, int, float)),
+    context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
+)
 def plan_device_map(
     model: Any,
     gpus: Sequence[str | GPU | int] | str | GPU | int,
@@ -196,6 +207,15 @@ def plan_device_map(
     return result
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    quant_type=checks.one_of("nf4", "fp4"),
+    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
+    reserve=checks.parsed(parse_bytes, kinds=(str, int, float)),
+    context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
+)
 def evaluate_device_map(
     model: Any,
     device_map: Mapping[str, int | str],

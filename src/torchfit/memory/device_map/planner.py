@@ -299,7 +299,7 @@ def gpu_index(value: int | str, count: int) -> int | None:
     if text in {"cpu", "disk"}:
         return None
     raise ValueError(
-        f"device map value {value!r} is not one of the {count} planned GPUs (0..{count - 1}), "
+        f"device_map value {value!r} is not one of the {count} planned GPUs (0..{count - 1}), "
         "'cpu' or 'disk'"
     )
 

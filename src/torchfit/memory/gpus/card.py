@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from torchfit._core import checks
 from torchfit._core.hardware import native_bf16, native_fp8
 from torchfit._core.units import format_bytes, parse_bytes
 
@@ -100,6 +101,7 @@ class GPU:
     def __post_init__(self) -> None:
         """Check every field (types, positive sizes, flags against the compute capability)."""
         owner = f"GPU {self.name!r}"
+        checks.fields(self, "vendor", "architecture")
         _check_text_fields(self, owner)
         smi = self.nvidia_smi_total
         if smi is not None and (
@@ -114,6 +116,7 @@ class GPU:
         _check_precision(self, owner)
 
     @classmethod
+    @checks.arguments(memory=checks.parsed(parse_bytes, kinds=(str, float, int)))
     def custom(
         cls,
         name: str,
@@ -156,7 +159,7 @@ class GPU:
             12884901888
             >>> GPU.custom("my card", memory="-3GB")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
-            ValueError: GPU.custom('my card'): cannot read '-3GB' as a size...
+            ValueError: memory='-3GB': cannot read '-3GB' as a size...
         """
         try:
             size = parse_bytes(memory)

@@ -22,7 +22,8 @@ from importlib import resources
 
 import torch
 
-from torchfit._core.hardware import native_bf16, native_fp8
+from torchfit._core import checks
+from torchfit._core.hardware import native_bf16, native_fp8, parse_device
 from torchfit.memory.gpus.card import GPU
 from torchfit.memory.gpus.names import NameIndex, name_key
 
@@ -58,6 +59,7 @@ def _index() -> NameIndex:
     )
 
 
+@checks.arguments()
 def list_gpus(*, vendor: str | None = None) -> list[GPU]:
     """Every catalog card, sorted by vendor, then memory, then bandwidth.
 
@@ -85,6 +87,7 @@ def list_gpus(*, vendor: str | None = None) -> list[GPU]:
     return kept
 
 
+@checks.arguments()
 def gpu(name: str | GPU) -> GPU:
     """Find a card by name, forgivingly where it is safe and strictly where it is not.
 
@@ -187,6 +190,7 @@ def _from_properties(
     )
 
 
+@checks.arguments()
 def current_gpu(device: int | str | torch.device | None = None) -> GPU:
     """The card torch sees, with the memory it really reports.
 
@@ -209,6 +213,9 @@ def current_gpu(device: int | str | torch.device | None = None) -> GPU:
         >>> card is None or card.memory == torch.cuda.get_device_properties(0).total_memory
         True
     """
+    resolved = None if device is None or isinstance(device, int) else parse_device(device)
+    if resolved is not None and resolved.type != "cuda":
+        raise ValueError(f"device must be a CUDA device for current_gpu(); got {device!r}")
     if not torch.cuda.is_available():
         raise RuntimeError(
             "current_gpu() describes the GPU torch can use, but torch.cuda.is_available() is "
@@ -216,12 +223,9 @@ def current_gpu(device: int | str | torch.device | None = None) -> GPU:
             "card instead, e.g. torchfit.memory.gpu('RTX 3060'), or describe it with "
             "GPU.custom('my card', memory='12GiB')"
         )
-    if device is None or isinstance(device, int):
+    if resolved is None:
         index = torch.cuda.current_device() if device is None else device
     else:
-        resolved = torch.device(device)
-        if resolved.type != "cuda":
-            raise ValueError(f"current_gpu() needs a CUDA device; got {device!r}")
         index = torch.cuda.current_device() if resolved.index is None else resolved.index
     props = torch.cuda.get_device_properties(index)
     return _from_properties(

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from torchfit._core import checks
 from torchfit._core.step import compute_loss
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, format_bytes, parse_dtype
@@ -192,6 +193,9 @@ def _module_hooks(recorder: _Recorder) -> Iterator[None]:
         post.remove()
 
 
+@checks.arguments(
+    model=checks.model(), example_input=checks.inputs(), device=checks.one_of("cuda", "cpu")
+)
 def activation_bytes(
     model: nn.Module,
     example_input: object,

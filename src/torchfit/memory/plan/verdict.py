@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._core import checks
 from torchfit._core.bisection import largest_fitting
 from torchfit._core.step import (
     Mode,
@@ -23,7 +25,12 @@ from torchfit._core.step import (
 )
 from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.allocator import to_device
-from torchfit.memory.allocator.context import given_context
+from torchfit.memory.allocator.context import (
+    check_context_size,
+    given_context,
+    parse_cuda_version,
+)
+from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
@@ -211,6 +218,24 @@ def _lora_settings(
     return {"lora_rank": rank, "lora_targets": names, "lora_dropout": dropout}
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    batch_size=checks.whole(at_least=1),
+    seq_len=checks.whole(at_least=1),
+    input_shape=checks.shape(),
+    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    loss_chunk_size=checks.whole(at_least=1),
+    lora_rank=checks.whole(at_least=1),
+    lora_dropout=checks.number(at_least=0, below=1),
+    bitsandbytes_version=checks.parsed(keeps_4bit_input),
+    gpu=checks.number(at_least=1, integral=True),
+    gpus_per_node=checks.whole(at_least=1),
+    param_dtype=checks.parsed(parse_dtype, kinds=(str,)),
+    context_bytes=checks.parsed(check_context_size, kinds=(str, int, float)),
+    cuda_version=checks.parsed(parse_cuda_version, kinds=(str,)),
+    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
+)
 def fits(
     model: Any,
     gpu: str | float | GPU | Sequence[str | GPU],

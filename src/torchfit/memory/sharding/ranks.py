@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding.strategies import (
@@ -21,6 +22,12 @@ from torchfit.memory.sharding.strategies import (
 __all__ = ["shard_estimate"]
 
 
+@checks.arguments(
+    world_size=checks.whole(at_least=1, fix="use world_size=1 for a single GPU"),
+    gpus_per_node=checks.whole(at_least=1),
+    param_bytes=checks.number(above=0),
+    grad_bytes=checks.number(above=0),
+)
 def shard_estimate(
     estimate: MemoryEstimate,
     *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchfit._core import checks
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding.ranks import shard_estimate
 from torchfit.memory.sharding.strategies import (
@@ -17,6 +18,10 @@ __all__ = ["WORLD_SIZES", "deepspeed_zero_bytes", "min_gpus"]
 WORLD_SIZES: tuple[int, ...] = tuple(2**k for k in range(11))  # 1, 2, 4, ..., 1024
 
 
+@checks.arguments(
+    world_size=checks.whole(at_least=1, fix="use world_size=1 for a single GPU"),
+    stage=checks.whole(at_least=1, at_most=3),
+)
 def deepspeed_zero_bytes(
     params: int,
     world_size: int,
@@ -50,8 +55,6 @@ def deepspeed_zero_bytes(
     check_world_size(world_size)
     check_count("params", params)
     check_count("largest_layer_params", largest_layer_params)
-    if stage not in (1, 2, 3):
-        raise ValueError(f"stage must be 1, 2 or 3; got {stage!r}")
     if offload_params and stage != 3:
         raise ValueError(f"offload_params needs ZeRO stage 3; got stage={stage}")
     p, n = params, world_size
@@ -67,6 +70,11 @@ def deepspeed_zero_bytes(
     return largest + int(18 * p / n)
 
 
+@checks.arguments(
+    gpu_memory_bytes=checks.whole(at_least=1),
+    param_bytes=checks.number(above=0),
+    grad_bytes=checks.number(above=0),
+)
 def min_gpus(
     estimate: MemoryEstimate,
     gpu_memory_bytes: int,

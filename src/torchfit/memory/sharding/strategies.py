@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import enum
 
+from torchfit._core import checks
+
 __all__ = ["DEFAULT_BUCKET_BYTES", "Strategy", "check_count", "check_world_size", "parse_strategy"]
 
 #: DDP's default ``bucket_cap_mb=25`` (torch/nn/parallel/distributed.py,
@@ -73,6 +75,7 @@ _ALIASES: dict[str, Strategy] = {
 _CHOICES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2", "fully_shard", "hsdp")
 
 
+@checks.arguments()
 def parse_strategy(value: str | Strategy) -> Strategy:
     """Turn ``"ddp"``, ``"zero2"``, ``"fsdp"``, ``"fully_shard"``... into a `Strategy`.
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchfit._core.ledger import CUDA_BLOCK
+from torchfit._core.rng import kept_rng
 from torchfit._core.units import format_bytes
 from torchfit.memory.catalog.build import experts_on_fake_tensors
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
@@ -174,7 +175,7 @@ def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
     try:
         with (
             _young_gc_only(),
-            torch.random.fork_rng(devices=[]),
+            kept_rng(),
             session.fake_mode,
             tracker,
             _progress(session),

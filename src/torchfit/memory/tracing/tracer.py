@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchfit._core import checks
 from torchfit._core.in_backward import InBackward, fused_if_asked
 from torchfit._core.step import (
     Loop,
@@ -109,6 +110,12 @@ def _model_baseline(
     return baseline
 
 
+@checks.arguments(
+    model=checks.model(),
+    example_inputs=checks.inputs(),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    autocast_dtype=checks.among(torch.bfloat16, torch.float16),
+)
 def trace_events(
     model: nn.Module,
     example_inputs: object,
@@ -220,6 +227,12 @@ def trace_events(
     return run_session(session)
 
 
+@checks.arguments(
+    model=checks.model(),
+    example_inputs=checks.inputs(),
+    gradient_accumulation_steps=checks.whole(at_least=1),
+    autocast_dtype=checks.among(torch.bfloat16, torch.float16),
+)
 def trace(
     model: nn.Module,
     example_inputs: object,

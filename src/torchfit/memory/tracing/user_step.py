@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfit._core import checks
 from torchfit.memory.tracing.fake import reachable_tensors
 from torchfit.memory.tracing.result import Trace
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
@@ -44,6 +45,7 @@ def _flatten(obj: object) -> list[Any]:
     return [obj]
 
 
+@checks.arguments(autocast_dtype=checks.among(torch.bfloat16, torch.float16))
 def trace_step(
     fn: Callable[..., object],
     *args: Any,
