@@ -98,7 +98,7 @@ _BUDGET = MachineBudget(4, 4, None, 1, "test", shm_free_bytes=2**30)
 _TRAIN = {
     "mode": NAME, "optimizer": NAME, "loss_fn": CALLABLE, "autocast_dtype": AUTOCAST,
     "set_to_none": FLAG, "precision": NAME, "gradient_accumulation_steps": COUNT,
-    "keep_output": FLAG,
+    "keep_output": FLAG, "optimizer_in_backward": FLAG,
 }  # fmt: skip
 _ESTIMATE = {
     "model": MODEL, "batch_size": COUNT, "seq_len": COUNT, "input_shape": SHAPE,
@@ -287,6 +287,7 @@ CASES: list[Case] = [
             "bf16_tflops": POSITIVE,
             "aliases": Kind("aliases", ("x", [3], ("",), 3)),
             "source": Kind("source", (3, None, ["x"])),
+            "nvidia_smi_total": Kind("memory", (0, -1, 2.5, NAN, "1GB", True, 2**31)),
         },
     ),
     Case(
@@ -659,6 +660,12 @@ CASES += [
             "lazy_loading": FLAG,
             "cuda_version": Kind("cuda version", ("", "twelve", -1.0, (12,), True, NAN)),
         },
+    ),
+    Case(
+        "measure_cuda_context",
+        lambda: memory.measure_cuda_context,
+        base_raises=None if torch.cuda.is_available() else RuntimeError,
+        kinds={"device": Kind("device", ("", -1, 2.5, True, [1], NAN))},
     ),
     Case(
         "replay",

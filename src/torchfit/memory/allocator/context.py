@@ -178,6 +178,7 @@ def context_and_source(
     return EAGER_CUDA_CONTEXT_BYTES, "default with eager module loading"
 
 
+@checks.arguments(device=checks.whole(at_least=0))
 def measure_cuda_context(device: int | str | None = None) -> int:
     """The CUDA context this process holds on ``device``, measured: for ``context_bytes=``.
 
@@ -194,6 +195,7 @@ def measure_cuda_context(device: int | str | None = None) -> int:
         The context's bytes.
 
     Raises:
+        ValueError: ``device`` is not a CUDA device.
         RuntimeError: No CUDA GPU is visible; pass the figure measured on the training
             machine instead (``context_bytes=`` or ``--context``).
 
@@ -203,6 +205,18 @@ def measure_cuda_context(device: int | str | None = None) -> int:
     """
     import torch  # noqa: PLC0415 - imported on use: this module is light otherwise
 
+    named = None
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError):
+            parsed = None
+        if parsed is None or parsed.type != "cuda":
+            raise ValueError(
+                f"device must be a CUDA device such as 'cuda' or 'cuda:1', or its index; "
+                f"got {device!r}"
+            )
+        named = parsed.index
     if not torch.cuda.is_available():
         raise RuntimeError(
             "measure_cuda_context needs a CUDA GPU and none is visible here; measure on the "
@@ -211,7 +225,6 @@ def measure_cuda_context(device: int | str | None = None) -> int:
     if isinstance(device, int):
         index = device
     else:
-        named = None if device is None else torch.device(device).index
         index = torch.cuda.current_device() if named is None else named
     with torch.cuda.device(index):
         a = torch.ones((8, 8), device="cuda")
