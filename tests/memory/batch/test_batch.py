@@ -137,7 +137,7 @@ def test_solve_batch_size_is_the_largest_size_within_the_usable_bytes(
     [
         ({"fraction": 1.5}, r"fraction must be in \[0, 1\); got 1.5"),
         ({"fraction": -0.1}, r"fraction must be in \[0, 1\)"),
-        ({"fraction": 0.1, "reserve": -1}, "reserve must be >= 0 bytes; got -1"),
+        ({"fraction": 0.1, "reserve": -1}, "reserve must be a whole number >= 0; got -1"),
     ],
 )
 def test_margin_rejects_nonsense(kwargs, message):
@@ -469,13 +469,13 @@ def test_find_batch_size_checks_the_step_signature():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"start": 0}, ValueError, "start must be >= 1"),
+        ({"start": 0}, ValueError, "start must be a whole number >= 1; got 0"),
         ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be a whole number"),
         ({"start": 4, "predict": line(0, 1)}, ValueError, "either predict= .* or start="),
         ({"predict": "big"}, TypeError, "AffineEstimate or a callable"),
         ({"budget": "lots"}, ValueError, "cannot read 'lots'"),
-        ({"margin": "some"}, TypeError, "margin must be a fraction"),
-        ({"max_trials": 0}, ValueError, "max_trials must be >= 1"),
+        ({"margin": "some"}, TypeError, "margin must be a finite number >= 0 and < 1"),
+        ({"max_trials": 0}, ValueError, "max_trials must be a whole number >= 1; got 0"),
     ],
 )
 def test_find_batch_size_rejects_bad_options_at_once(options, error, message):
