@@ -26,9 +26,9 @@ def after_backward(dtype="bf16"):
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"clip_grad_norm": math.nan}, ValueError, r"clip_grad_norm must be a finite number > 0; got nan"),
-        ({"clip_grad_norm": -1.0}, ValueError, r"clip_grad_norm must be a finite number > 0; got -1.0"),
-        ({"optimizers": None}, ValueError, r"optimizers must be one optimizer or a list of them; got None; pass"),
+        ({"clip_grad_norm": math.nan}, ValueError, r"clip_grad_norm must be a finite .*; got nan"),
+        ({"clip_grad_norm": -1.0}, ValueError, r"clip_grad_norm must be a finite .*> 0; got -1.0"),
+        ({"optimizers": None}, ValueError, r"optimizers must be one optimizer .*; got None; pass"),
         ({"optimizers": []}, ValueError, r"optimizers must be one optimizer .*; got \[\]"),
     ],
 )  # fmt: skip
@@ -54,11 +54,11 @@ def test_step_without_optimizer_is_refused_inside_a_window_too():
     ("kwargs", "error", "message"),
     [
         ({"init_scale": math.inf}, ValueError, r"init_scale must be a finite number; got inf"),
-        ({"growth_factor": math.inf}, ValueError, r"growth_factor must be a finite number; got inf"),
-        ({"growth_interval": 2.5}, TypeError, r"growth_interval must be a whole number >= 1; got 2.5"),
-        ({"growth_interval": math.nan}, TypeError, r"growth_interval must be a whole number >= 1; got nan"),
+        ({"growth_factor": math.inf}, ValueError, r"growth_factor must be a finite .*; got inf"),
+        ({"growth_interval": 2.5}, TypeError, r"growth_interval must be a whole .*; got 2.5"),
+        ({"growth_interval": math.nan}, TypeError, r"growth_interval must be a whole .*; got nan"),
         ({"device": "tpu"}, ValueError, r"device='tpu'.*such as 'cuda:0' or 'cpu'"),
-        ({"skip_nonfinite": True}, ValueError, r"skip_nonfinite=True is not .*'loss', 'grads', 'never'"),
+        ({"skip_nonfinite": True}, ValueError, r"skip_nonfinite=True is not .*'loss', 'grads'"),
     ],
 )  # fmt: skip
 def test_bad_construction(kwargs, error, message):
