@@ -73,7 +73,9 @@ class BatchTrial:
         outcome: `TrialOutcome.OK` or `TrialOutcome.OOM`.
         reason: Why this size was tried: ``"warm-up"``, ``"predicted"``, ``"start"``,
             ``"back-off"`` (after an OOM), ``"refine"`` (closing the gap below a size
-            that failed) or ``"probe"`` (upward, with ``probe_upward``).
+            that failed, by the measured line), ``"bisect"`` (between a size that ran
+            and one that failed, when the line did not foresee the failure) or
+            ``"probe"`` (upward, with ``probe_upward``).
         peak: Peak allocated bytes of the step when measurable (a simulated card or
             CUDA); after an OOM, the bytes held plus the refused request (a lower bound).
         resident: Bytes allocated when the step started, when measurable.
