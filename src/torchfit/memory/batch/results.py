@@ -13,10 +13,13 @@ from torchfit._core.units import format_bytes
 
 __all__ = ["BatchSizeResult", "BatchTrial", "TrialOutcome", "is_oom"]
 
-# Messages of out-of-memory errors that arrive as plain RuntimeErrors:
+# Messages of out-of-memory errors that arrive as plain RuntimeErrors. Every one that
+# accelerate 1.x's should_reduce_batch_size backs off on is here (tests/memory/batch/
+# test_oom_messages.py checks each against it), plus cuBLAS's and cuDNN's own.
 _OOM_MESSAGES = (
     "out of memory",  # CUDA / HIP / XPU ("CUDA out of memory."), MPS ("MPS backend out of memory")
     "DefaultCPUAllocator: can't allocate memory",  # c10 CPU allocator
+    "PT_DEVMEM Allocation failed",  # Intel Gaudi (HPU): "FATAL ERROR :: MODULE:PT_DEVMEM ..."
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not get its workspace / handle
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN could not get its workspace
     # cuDNN's "not supported" at large batches is an OOM in disguise; accelerate's
@@ -31,7 +34,8 @@ def is_oom(exc: BaseException) -> bool:
 
     ``torch.OutOfMemoryError`` (also what `simulate_gpu` raises) and Python's
     ``MemoryError`` always count; a ``RuntimeError`` counts when its message is one of
-    the CUDA / cuBLAS / cuDNN / CPU-allocator out-of-memory messages. An error raised
+    the out-of-memory messages of CUDA, HIP, XPU, MPS, HPU (``PT_DEVMEM Allocation
+    failed``), cuBLAS, cuDNN (``CUDNN_STATUS_NOT_SUPPORTED`` too) or the CPU allocator. An error raised
     ``from`` an OOM (``raise X from oom``) counts too.
 
     Example:
