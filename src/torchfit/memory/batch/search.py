@@ -128,6 +128,7 @@ class Search:
             probe_upward=options.probe_upward,
         )
         self.trials: list[BatchTrial] = []
+        self.returned: object = None  # what the step returned at the largest size that ran
         self.meter = Meter()
 
     # -- one real step --------------------------------------------------------------
@@ -154,8 +155,9 @@ class Search:
         started = time.perf_counter()
         error = ""
         failed = False
+        value: object = None
         try:
-            self.call(batch_size, accumulation)
+            value = self.call(batch_size, accumulation)
         except Exception as exc:
             if not is_oom(exc):
                 raise
@@ -183,6 +185,8 @@ class Search:
         self.trials.append(
             BatchTrial(batch_size, accumulation, outcome, reason, peak, resident, seconds, error)
         )
+        if ok and reason != "warm-up" and batch_size >= self.next.lo:
+            self.returned = value  # only the largest: it stays alive through later trials
         self.next.observe(
             batch_size, ok=ok, peak=peak, held=held, resident=resident,
             fitted=reason != "warm-up",
@@ -240,6 +244,8 @@ class Search:
             budget=self.budget,
             usable=self.usable,
             trials=tuple(self.trials),
+            returned=self.returned,
+            fitted_from=() if self.line is None else self.line.fitted_from,
         )
 
     def _no_fit(self) -> str:
