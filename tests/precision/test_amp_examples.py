@@ -223,3 +223,23 @@ def test_before_step_must_be_callable(hook):
     mp.backward(loss)
     with pytest.raises(TypeError, match=r"before_step must be a function called with no"):
         mp.step(torch.optim.SGD(net.parameters(), lr=0.1), before_step=hook)
+
+
+@pytest.mark.parametrize("inputs", [3, [], ["w"], None])
+def test_grad_needs_tensors(inputs):
+    net = model(7)
+    mp = MixedPrecision("fp16", device="cpu")
+    with mp.autocast():
+        loss = net(data(0)[0]).float().mean()
+    with pytest.raises(TypeError, match=r"inputs must be tensors to differentiate by"):
+        mp.grad(loss, inputs)
+
+
+def test_grad_takes_an_iterator_of_parameters():
+    net = model(8)
+    mp = MixedPrecision("fp16", device="cpu")
+    with mp.autocast():
+        loss = net(data(0)[0]).float().mean()
+    grads = mp.grad(loss, net.parameters(), create_graph=False)
+    assert len(grads) == len(list(net.parameters()))
+    assert not any(g.requires_grad for g in grads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -225,7 +225,7 @@ class MixedPrecision:
             self._window.note_loss(raw)
 
     def grad(
-        self, loss: torch.Tensor, inputs: Sequence[torch.Tensor], *, create_graph: bool = True
+        self, loss: torch.Tensor, inputs: Iterable[torch.Tensor], *, create_graph: bool = True
     ) -> tuple[torch.Tensor, ...]:
         """Unscaled gradients of ``loss`` for a term built from them (a gradient penalty).
 
@@ -242,13 +242,11 @@ class MixedPrecision:
 
         Returns:
             One gradient per input, unscaled.
+
+        Raises:
+            TypeError: ``inputs`` is not a sequence (or iterator) of tensors.
         """
-        tensors = tuple(inputs)
-        if self.scaler is None:
-            return torch.autograd.grad(loss, tensors, create_graph=create_graph)
-        scaled = torch.autograd.grad(self.scaler.scale(loss), tensors, create_graph=create_graph)
-        inverse = 1.0 / self.scaler.get_scale()
-        return tuple(g * inverse for g in scaled)
+        return _step.unscaled_grads(self.scaler, loss, inputs, create_graph=create_graph)
 
     def step(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ __all__ = [
     "boundary",
     "check_options",
     "parse_check",
+    "unscaled_grads",
 ]
 
 
@@ -205,3 +206,24 @@ def _grads_finite(
     if check is NonFiniteCheck.GRADS:
         return _checks.all_finite(_checks.grads_of(opts))
     return True
+
+
+def unscaled_grads(
+    scaler: torch.amp.GradScaler | None,
+    loss: torch.Tensor,
+    inputs: Iterable[torch.Tensor],
+    *,
+    create_graph: bool,
+) -> tuple[torch.Tensor, ...]:
+    """``torch.autograd.grad`` of the scaled loss, each result times ``1 / scale``."""
+    tensors = tuple(inputs) if isinstance(inputs, Iterable) else ()
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise checks.fail(
+            "inputs", "tensors to differentiate by, e.g. list(model.parameters())",
+            inputs, kind=TypeError,
+        )  # fmt: skip
+    if scaler is None:
+        return torch.autograd.grad(loss, tensors, create_graph=create_graph)
+    scaled = torch.autograd.grad(scaler.scale(loss), tensors, create_graph=create_graph)
+    inverse = 1.0 / scaler.get_scale()
+    return tuple(g * inverse for g in scaled)
