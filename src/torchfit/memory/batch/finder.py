@@ -244,7 +244,10 @@ def find_batch_size(
         max_trials: At most this many real steps.
 
     Returns:
-        A function of the step's remaining arguments that returns a `BatchSizeResult`.
+        A function of the step's remaining arguments that returns a `BatchSizeResult`;
+        its ``returned`` is what the step returned at the largest size that ran (what
+        accelerate's ``find_executable_batch_size`` returns), and with a callable
+        ``predict`` its ``fitted_from`` names the sizes the line was fitted from.
 
     Raises:
         torch.OutOfMemoryError: (from the search) not even batch size 1 runs.
