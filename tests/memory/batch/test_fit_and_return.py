@@ -6,7 +6,7 @@ from accelerate.utils import find_executable_batch_size
 
 from torchfit import memory
 from torchfit.memory import MemoryEstimate, find_batch_size, max_batch_size, simulate_gpu
-from torchfit.memory.batch.predict import fit_sizes
+from torchfit.memory.batch.fit import fit_sizes
 
 
 def batchnorm_net():

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 
 from torchfit._core.bisection import gallop, last_true
-from torchfit.memory.batch.predict import Line
+from torchfit.memory.batch.fit import Line
 
 __all__ = ["Bracket"]
 
