@@ -27,6 +27,9 @@ __all__ = ["Bracket"]
 _SHRINK = (7, 10)  # as a fraction: 90 * 0.7 is 62.999... in floating point
 _HALVE = (1, 2)
 _CLOSE = 1.1
+# A bracket of at most this many grid steps (4 sizes between the ends: 0.7 to 1 of the
+# failed size) is walked up one size at a time: more steps, but one OOM at most.
+_WALK = 5
 
 
 @dataclasses.dataclass
@@ -234,9 +237,10 @@ class Bracket:
         ``run(size)`` runs one trial (True: it ran; None: out of trials, which counts
         as a failure, so the answer stays a size that ran). The grid steps by at most
         ``_CLOSE`` (and at least 1), so the search ends within 10% of the largest size
-        that runs. It gallops up from the success first (`gallop`: the next grid point,
-        then doubling the step), so a failure close above costs one OOM, then bisects
-        (`last_true`); never at the two ends, which are known. Probing upward with
+        that runs. A short bracket (up to 4 sizes inside) is walked up one size at a
+        time, so it costs one OOM at most; a longer one is galloped up from the success
+        (`gallop`: the next grid point, then doubling the step), then bisected
+        (`last_true`). The two ends, which are known, are not tried. Probing upward with
         nothing measured (no model to be wrong, OOMs expected), it finds the exact size.
         """
         assert self.hi is not None  # noqa: S101 - set by the OOM that started it
@@ -254,8 +258,11 @@ class Bracket:
             return bool(ok)
 
         top = len(grid) - 1  # the failure, not tried again
-        good, bad = gallop(runs, 0, 1, limit=top - 1)  # from the bottom: OOMs are the cost
-        last_true(runs, good, min(bad, top))
+        if top <= _WALK:  # a short bracket: walked up, at most one OOM
+            next(filter(lambda index: not runs(index), range(1, top)), None)
+        else:  # from the bottom (OOMs are the cost), then bisection
+            good, bad = gallop(runs, 0, 1, limit=top - 1)
+            last_true(runs, good, min(bad, top))
         self.bisecting = False
 
     def capped(self, batch_size: int) -> int:
