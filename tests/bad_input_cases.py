@@ -358,6 +358,7 @@ CASES: list[Case] = [
             "scheduler": Kind("scheduler", (3, "cosine", [3])),
             "clip_grad_norm": POSITIVE,
             "flush": FLAG,
+            "before_step": CALLABLE,
         },
     ),
     Case(
@@ -371,7 +372,11 @@ CASES: list[Case] = [
         "MixedPrecision.backward",
         _mp_backward,
         spec=torchfit.MixedPrecision.backward,
-        kinds={"loss": Kind("loss", (3, 2.5, None, "loss", [1.0])), "weight": POSITIVE},
+        kinds={
+            "loss": Kind("loss", (3, 2.5, None, "loss", [1.0])),
+            "weight": POSITIVE,
+            "retain_graph": FLAG,
+        },
     ),
     Case(
         "MixedPrecision.check",

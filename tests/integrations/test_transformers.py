@@ -273,7 +273,11 @@ def test_a_trainer_that_is_not_one_is_refused(tmp_path):
             r"fit_batch_size\(budget='12 parsecs'\): cannot read",
         ),
         ({"budget": 0}, ValueError, r"budget=0\): a budget must be more than 0 bytes"),
-        ({"margin": -0.2}, ValueError, r"margin=-0.2\): Margin.fraction must be in \[0, 1\)"),
+        (
+            {"margin": -0.2},
+            ValueError,
+            r"margin=-0.2\): margin must be a finite number >= 0 and < 1",
+        ),
         ({"budget": "1GiB", "keep_effective_batch": "yes"}, TypeError, r"expected True or False"),
     ],
 )

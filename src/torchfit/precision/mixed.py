@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -19,8 +18,9 @@ from torchfit.precision.choice import (
     choose_precision,
     parse_precision,
 )
-from torchfit.precision.state import STATE_FORMAT, check_state
+from torchfit.precision.state import STATE_FORMAT, ScaleLog, check_state
 from torchfit.precision.step import NonFiniteCheck, StepOutcome
+from torchfit.precision.window import Window
 
 __all__ = ["MixedPrecision"]
 
@@ -108,7 +108,6 @@ class MixedPrecision:
         self.accumulate = accumulate
         self.skip_nonfinite = _step.parse_check(skip_nonfinite)
         self.scaler: torch.amp.GradScaler | None = None
-        self._history: list[tuple[int, float]] = []
         if self.choice.scaler:
             self.scaler = torch.amp.GradScaler(
                 self.device.type,
@@ -117,18 +116,13 @@ class MixedPrecision:
                 backoff_factor=backoff_factor,
                 growth_interval=growth_interval,
             )
-            self._history.append((0, float(init_scale)))
+        self._scale = ScaleLog(float(init_scale) if self.scaler is not None else None)
         self._autocast_dtype = self.dtype.torch_dtype
         self._autocast_on = self.dtype is not Precision.FP32
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.last_grad_norm: torch.Tensor | None = None
-        self._micro = 0  # micro-batches finished in the current window
-        self._pending = False  # backward() ran since the last step()
-        self._weighted: bool | None = None  # whether this window's backward() got weight=
-        self._losses_finite = True  # every CPU loss of this window was finite
-        self._device_losses: list[torch.Tensor] = []  # this window's non-CPU losses, unread
-        self._growth_tracker = 0  # host mirror of the scaler's clean-step counter
+        self._window = Window()
         self._graph_checked = False
         self._checked_optimizers: tuple[int, ...] = ()
         self._checked_schedulers: tuple[int, ...] = ()
@@ -148,7 +142,7 @@ class MixedPrecision:
     @property
     def loss_scale(self) -> float | None:
         """The current loss scale (None without a scaler); read without a device sync."""
-        return self._history[-1][1] if self._history else None
+        return self._scale.events[-1][1] if self._scale.events else None
 
     @property
     def scale_history(self) -> tuple[tuple[int, float], ...]:
@@ -157,12 +151,12 @@ class MixedPrecision:
         The update index counts optimizer steps, skipped ones included; a skip halves the
         scale (by default), ``growth_interval`` clean steps in a row double it.
         """
-        return tuple(self._history)
+        return tuple(self._scale.events)
 
     @property
     def micro_step(self) -> int:
         """Micro-batches finished in the current accumulation window (0 at a boundary)."""
-        return self._micro
+        return self._window.micro
 
     def __repr__(self) -> str:
         """The choice, the scaler and the counters in one line."""
@@ -181,34 +175,33 @@ class MixedPrecision:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
-    def backward(self, loss: torch.Tensor, *, weight: float | None = None) -> None:
+    @checks.arguments(weight=checks.number(above=0, fix=_step.NO_SHARE))
+    def backward(
+        self, loss: torch.Tensor, *, weight: float | None = None, retain_graph: bool = False
+    ) -> None:
         """Backward of ``loss`` divided by `accumulate` (or times ``weight``), scaled for fp16.
 
         The first call checks the autograd graph before running it: a loss that cannot
         have gradients, a loss on another device, or float16 weights (a halved model)
-        raise here, not after the backward.
+        raise here, not after the backward. Several losses in one micro-batch each get
+        their own call (the graph they share needs ``retain_graph=True`` in all but the
+        last); their gradients add up, as with ``scaler.scale(loss).backward()``.
 
         Args:
             loss: the micro-batch's loss (a mean over the micro-batch).
             weight: this micro-batch's share of the window in place of ``1/accumulate``,
                 for micro-batches of unequal size, e.g. its token count over the
                 window's. Give it for every micro-batch of a window or for none.
+            retain_graph: keep the autograd graph for another backward through it
+                (``Tensor.backward``'s own argument, passed through).
 
         Raises:
             ValueError: the first-call checks above; ``weight`` given for only part of a
                 window.
         """
-        _step.check_weight(weight)
         if not self._graph_checked:
             self._check_graph(loss)
-        weighted = weight is not None
-        if self._weighted is None:
-            self._weighted = weighted
-        elif self._weighted != weighted:
-            raise ValueError(
-                "backward() got weight= for only some micro-batches of this accumulation "
-                "window; pass it for every micro-batch of a window or for none"
-            )
+        self._window.note_backward(weighted=weight is not None)
         raw = loss
         if weight is not None:
             loss = loss * weight
@@ -216,26 +209,33 @@ class MixedPrecision:
             loss = loss / self.accumulate
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()  # type: ignore[no-untyped-call]
-        self._pending = True
+        loss.backward(retain_graph=retain_graph)  # type: ignore[no-untyped-call]
         if self.scaler is None and self.skip_nonfinite is not NonFiniteCheck.NEVER:
-            self._note_loss(raw)
+            self._window.note_loss(raw)
 
-    def _note_loss(self, loss: torch.Tensor) -> None:
-        """Remember whether ``loss`` was finite: read now on a CPU, at the boundary elsewhere."""
-        if loss.device.type == "cpu":
-            # ``.item()`` of a CPU scalar costs well under a microsecond
-            self._losses_finite = self._losses_finite and math.isfinite(loss.item())
-        else:
-            self._device_losses.append(loss.detach())
+    def grad(
+        self, loss: torch.Tensor, inputs: Iterable[torch.Tensor], *, create_graph: bool = True
+    ) -> tuple[torch.Tensor, ...]:
+        """Unscaled gradients of ``loss`` for a term built from them (a gradient penalty).
 
-    def _window_losses_finite(self) -> bool:
-        """Whether every loss of the window was finite (one sync for non-CPU losses); reset."""
-        finite = self._losses_finite
-        if finite and self._device_losses:
-            finite = bool(torch.stack(self._device_losses).isfinite().all())
-        self._losses_finite, self._device_losses = True, []
-        return finite
+        fp16: ``torch.autograd.grad`` of the scaled loss, each result times ``1 / scale``
+        (PyTorch's "Automatic Mixed Precision examples" recipe), so a small gradient does
+        not underflow; bf16/fp32: ``torch.autograd.grad`` of the loss. The result feeds
+        a penalty added to the loss before `backward`; ``.grad`` is not touched.
+
+        Args:
+            loss: the loss whose gradients the penalty is made of.
+            inputs: the tensors to differentiate by (e.g. ``list(model.parameters())``).
+            create_graph: keep the graph of the gradients, so that the penalty can be
+                differentiated in turn (the usual case; ``False`` for logging only).
+
+        Returns:
+            One gradient per input, unscaled.
+
+        Raises:
+            TypeError: ``inputs`` is not a sequence (or iterator) of tensors.
+        """
+        return _step.unscaled_grads(self.scaler, loss, inputs, create_graph=create_graph)
 
     def step(
         self,
@@ -244,15 +244,16 @@ class MixedPrecision:
         scheduler: Schedulers | None = None,
         clip_grad_norm: float | None = None,
         flush: bool = False,
+        before_step: Callable[[], object] | None = None,
     ) -> StepOutcome:
         """End a micro-batch; at the end of a window, step every optimizer (or skip all).
 
         Order at a boundary: ``unscale_`` each optimizer once (fp16); one inf/nan
-        decision; clip the gradients of all the optimizers' parameters together to
-        ``clip_grad_norm``; ``step`` each optimizer; one ``GradScaler.update``; step
-        the schedulers; zero the gradients of every optimizer (``set_to_none=True``).
-        A skipped step does all of that except the clipping, the optimizer steps and the
-        scheduler steps.
+        decision; ``before_step()``; clip the gradients of all the optimizers' parameters
+        together to ``clip_grad_norm``; ``step`` each optimizer; one
+        ``GradScaler.update``; step the schedulers; zero the gradients of every optimizer
+        (``set_to_none=True``). A skipped step does all of that except ``before_step``,
+        the clipping, the optimizer steps and the scheduler steps.
 
         Args:
             optimizers: one optimizer or several, sharing the one loss scale.
@@ -260,6 +261,11 @@ class MixedPrecision:
             clip_grad_norm: max 2-norm of all gradients together; None: no clipping.
             flush: step now although the window is short (end of an epoch); the
                 gradient is rescaled to the mean of the micro-batches it holds.
+            before_step: called with no arguments when the gradients are unscaled (and
+                rescaled after a `flush`) and before clipping and the optimizer steps:
+                the place for ``clip_grad_value_``, a custom norm, or logging the true
+                gradients. Not called inside a window nor on a step already known to be
+                skipped (inf/nan found by the scaler, or a non-finite loss).
 
         Returns:
             `StepOutcome.ACCUMULATED`, `StepOutcome.STEPPED` or `StepOutcome.SKIPPED`.
@@ -268,21 +274,37 @@ class MixedPrecision:
             RuntimeError: no `backward` since the last `step`.
             TypeError, ValueError: optimizers or schedulers it cannot drive (first step).
         """
-        opts, scheds = _step.as_list(optimizers), _step.as_list(scheduler, "scheduler")
-        _step.check_options(clip_grad_norm, flush)
-        if not self._pending:
+        opts: list[torch.optim.Optimizer] = _step.as_list(optimizers)
+        scheds: list[torch.optim.lr_scheduler.LRScheduler] = _step.as_list(scheduler, "scheduler")
+        _step.check_options(optimizers, clip_grad_norm, flush, before_step)
+        window = self._window
+        if not window.pending:
             raise RuntimeError(
                 "step() was called without a backward() since the last step(); call "
                 "mp.backward(loss) once per micro-batch before mp.step(optimizer)"
             )
-        micro = self._micro + 1
+        micro = window.micro + 1
         if micro < self.accumulate and not flush:
-            self._micro, self._pending = micro, False
+            window.micro, window.pending = micro, False
             return StepOutcome.ACCUMULATED
         self._check_step_args(opts, scheds)  # raises before any state changes
-        weighted = bool(self._weighted)
-        self._micro, self._pending, self._weighted = 0, False, None
-        skipped = self._boundary(opts, scheds, clip_grad_norm, micro, weighted=weighted)
+        weighted = window.close()
+        rescale = 1.0 if weighted or micro == self.accumulate else self.accumulate / micro
+        skipped, norm = _step.boundary(
+            opts,
+            scheds,
+            scaler=self.scaler,
+            clip=clip_grad_norm,
+            rescale=rescale,
+            check=self.skip_nonfinite,
+            loss_finite=window.losses_finite(),
+            before_step=before_step,
+        )
+        if norm is not None:
+            self.last_grad_norm = norm
+        if self.scaler is not None:
+            index = self.optimizer_steps + self.skipped_steps + 1
+            self._scale.record(self.scaler, index, skipped=skipped)
         for optimizer in opts:
             optimizer.zero_grad(set_to_none=True)
         if skipped:
@@ -290,44 +312,6 @@ class MixedPrecision:
             return StepOutcome.SKIPPED
         self.optimizer_steps += 1
         return StepOutcome.STEPPED
-
-    def _boundary(
-        self,
-        opts: list[torch.optim.Optimizer],
-        scheds: list[torch.optim.lr_scheduler.LRScheduler],
-        clip: float | None,
-        micro: int,
-        *,
-        weighted: bool,
-    ) -> bool:
-        """The step proper; returns True when it was skipped."""
-        rescale = 1.0 if weighted or micro == self.accumulate else self.accumulate / micro
-        skipped, norm = _step.boundary(
-            opts,
-            scheds,
-            scaler=self.scaler,
-            clip=clip,
-            rescale=rescale,
-            check=self.skip_nonfinite,
-            loss_finite=self._window_losses_finite(),
-        )
-        if norm is not None:
-            self.last_grad_norm = norm
-        if self.scaler is not None:
-            self._track_scale(self.scaler, skipped=skipped)
-        return skipped
-
-    def _track_scale(self, scaler: torch.amp.GradScaler, *, skipped: bool) -> None:
-        """Mirror ``torch._amp_update_scale_`` on the host; read the scale only when it changed."""
-        index = self.optimizer_steps + self.skipped_steps + 1
-        if skipped:
-            self._growth_tracker = 0
-        else:
-            self._growth_tracker += 1
-            if self._growth_tracker < scaler.get_growth_interval():
-                return
-            self._growth_tracker = 0
-        self._history.append((index, scaler.get_scale()))
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -369,8 +353,6 @@ class MixedPrecision:
         opts: list[torch.optim.Optimizer],
         scheds: list[torch.optim.lr_scheduler.LRScheduler],
     ) -> None:
-        if not opts:  # before the cache: () is also its empty start
-            raise ValueError(f"optimizers must be one optimizer or a list of them; got {opts!r}")
         key = tuple(map(id, opts))
         if key != self._checked_optimizers:
             _checks.check_optimizers(opts, scaler=self.scaler is not None)
@@ -389,9 +371,9 @@ class MixedPrecision:
             RuntimeError: called inside an accumulation window, whose partial gradients
                 no state dict holds; checkpoint right after a boundary `step`.
         """
-        if self._micro or self._pending:
+        if self._window.micro or self._window.pending:
             raise RuntimeError(
-                f"state_dict() was called after {self._micro} of {self.accumulate} "
+                f"state_dict() was called after {self._window.micro} of {self.accumulate} "
                 "micro-batches: the accumulated gradients are in no state dict, so a resumed "
                 "run would lose them. Checkpoint right after step() returns STEPPED or SKIPPED."
             )
@@ -401,7 +383,7 @@ class MixedPrecision:
             "accumulate": self.accumulate,
             "optimizer_steps": self.optimizer_steps,
             "skipped_steps": self.skipped_steps,
-            "scale_history": [list(event) for event in self._history],
+            "scale_history": [list(event) for event in self._scale.events],
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
         }
 
@@ -414,7 +396,6 @@ class MixedPrecision:
         check_state(state, precision=str(self.dtype), accumulate=self.accumulate)
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_steps = int(state["skipped_steps"])
-        self._history = [(int(i), float(s)) for i, s in state["scale_history"]]
+        self._scale.load(state["scale_history"], state["scaler"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
-            self._growth_tracker = int(state["scaler"]["_growth_tracker"])

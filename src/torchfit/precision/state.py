@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["STATE_FORMAT", "check_state"]
+import torch
+
+__all__ = ["STATE_FORMAT", "ScaleLog", "check_state"]
 
 #: Version of `MixedPrecision.state_dict`'s layout.
 STATE_FORMAT = 1
@@ -36,3 +38,41 @@ def check_state(state: dict[str, Any], *, precision: str, accumulate: int) -> No
                 f"MixedPrecision has {arg}={mine!r}; build it with "
                 f"MixedPrecision({arg}={state[key]!r}, ...) to resume exactly"
             )
+
+
+class ScaleLog:
+    """The loss scale of a run, kept on the host: read without a device sync.
+
+    ``events`` holds ``(update index, scale)`` at the start and after every change; the
+    clean-step counter mirrors ``torch._amp_update_scale_``, so the scale is read from
+    the scaler only on an update that changed it.
+
+    Example:
+        >>> log = ScaleLog(64.0)
+        >>> scaler = torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=2)
+        >>> log.record(scaler, 1, skipped=False)
+        >>> log.events
+        [(0, 64.0)]
+    """
+
+    def __init__(self, init_scale: float | None) -> None:
+        """Start at ``init_scale`` (``None``: no scaler, nothing is recorded)."""
+        self.events: list[tuple[int, float]] = [] if init_scale is None else [(0, init_scale)]
+        self.tracker = 0  # host mirror of the scaler's clean-step counter
+
+    def record(self, scaler: torch.amp.GradScaler, index: int, *, skipped: bool) -> None:
+        """After ``scaler.update()`` of update ``index``: note the scale if it changed."""
+        if skipped:
+            self.tracker = 0
+        else:
+            self.tracker += 1
+            if self.tracker < scaler.get_growth_interval():
+                return
+            self.tracker = 0
+        self.events.append((index, scaler.get_scale()))
+
+    def load(self, events: list[list[float]], scaler_state: dict[str, Any]) -> None:
+        """Restore what a state dict saved (``scale_history`` and the scaler's state)."""
+        self.events = [(int(i), float(s)) for i, s in events]
+        if scaler_state:
+            self.tracker = int(scaler_state["_growth_tracker"])

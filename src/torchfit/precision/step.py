@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -17,13 +18,14 @@ from torchfit._core import checks
 from torchfit.precision import checks as _checks
 
 __all__ = [
+    "NO_SHARE",
     "NonFiniteCheck",
     "StepOutcome",
     "as_list",
     "boundary",
     "check_options",
-    "check_weight",
     "parse_check",
+    "unscaled_grads",
 ]
 
 
@@ -95,36 +97,46 @@ def as_list(value: Any, name: str = "optimizers") -> list[Any]:
 
 
 _CLIP = checks.number(above=0, fix="clip_grad_norm=None does not clip")
-_WEIGHT = checks.number(above=0, fix="a micro-batch with no share of the window needs no backward")
+#: The fix shown with a refused ``backward(weight=...)``.
+NO_SHARE = "a micro-batch with no share of the window needs no backward"
 
 
-def check_weight(weight: object) -> None:
-    """Refuse a ``backward(weight=...)`` that is not None nor a finite number > 0.
+def check_options(
+    optimizers: object, clip_grad_norm: object, flush: object, before_step: object
+) -> None:
+    """Refuse no optimizer, a bad clipping norm, a non-bool ``flush``, an uncallable hook.
 
-    Example:
-        >>> check_weight(-1.0)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ValueError: weight must be a finite number > 0; got -1.0; ...
-    """
-    if weight is not None:
-        _WEIGHT("weight", weight)
-
-
-def check_options(clip_grad_norm: object, flush: object) -> None:
-    """Refuse a clipping norm that is not a finite number > 0 and a non-bool ``flush``.
-
-    A NaN norm turns every weight NaN, a negative one steps against the gradient and 0
+    A step without an optimizer moves nothing, so it is an error, not a reported step. A
+    NaN norm turns every weight NaN, a negative one steps against the gradient and 0
     erases it: each is an error, not a step.
 
     Example:
-        >>> check_options(float("nan"), False)  # doctest: +ELLIPSIS
+        >>> check_options([object()], float("nan"), False, None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ValueError: clip_grad_norm must be a finite number > 0; got nan; ...
+        >>> check_options(None, None, False, None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: optimizers must be one optimizer or a list of them; got None; ...
     """
+    if optimizers is None or (isinstance(optimizers, list | tuple) and not optimizers):
+        raise checks.fail(
+            "optimizers",
+            "one optimizer or a list of them",
+            optimizers,
+            fix="pass the optimizer(s) whose parameters the backward gave gradients, "
+            "e.g. mp.step(optimizer)",
+        )
     if clip_grad_norm is not None:
         _CLIP("clip_grad_norm", clip_grad_norm)
     if not isinstance(flush, bool):
         raise checks.fail("flush", "True or False", flush, kind=TypeError)
+    if before_step is not None and not callable(before_step):
+        raise checks.fail(
+            "before_step",
+            "a function called with no arguments, or None",
+            before_step,
+            kind=TypeError,
+        )
 
 
 def boundary(
@@ -136,12 +148,14 @@ def boundary(
     rescale: float,
     check: NonFiniteCheck,
     loss_finite: bool,
+    before_step: Callable[[], object] | None = None,
 ) -> tuple[bool, torch.Tensor | None]:
     """Step ``opts`` and ``scheds`` once, or skip them all; return (skipped, clip norm).
 
     ``rescale`` multiplies the unscaled gradients first (a short accumulation window).
     Without a scaler, ``check`` decides what makes the step skip; ``loss_finite`` says
-    whether every loss of the window was finite.
+    whether every loss of the window was finite. ``before_step`` runs on the unscaled
+    gradients, before clipping, unless the step is already known to be skipped.
     """
     if scaler is not None:
         skipped = _checks.unscale_found_inf(scaler, opts)
@@ -149,6 +163,8 @@ def boundary(
         skipped = check is not NonFiniteCheck.NEVER and not loss_finite
     if rescale != 1.0:
         torch._foreach_mul_(_checks.grads_of(opts), rescale)
+    if before_step is not None and not skipped:
+        before_step()
     norm: torch.Tensor | None = None
     if clip is not None and not skipped:
         # A 2-norm is also non-finite when finite gradients overflow it (beyond ~3.4e38
@@ -157,6 +173,18 @@ def boundary(
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
     if scaler is None and not skipped:
         skipped = not _grads_finite(opts, norm, check)
+    _step_all(opts, scheds, scaler, skipped=skipped)
+    return skipped, norm
+
+
+def _step_all(
+    opts: list[torch.optim.Optimizer],
+    scheds: list[torch.optim.lr_scheduler.LRScheduler],
+    scaler: torch.amp.GradScaler | None,
+    *,
+    skipped: bool,
+) -> None:
+    """Step every optimizer (unless skipped), update the scale once, then the schedulers."""
     if not skipped:
         for optimizer in opts:
             _ = scaler.step(optimizer) if scaler is not None else optimizer.step()
@@ -165,7 +193,6 @@ def boundary(
     if not skipped:
         for sched in scheds:
             sched.step()
-    return skipped, norm
 
 
 def _grads_finite(
@@ -179,3 +206,24 @@ def _grads_finite(
     if check is NonFiniteCheck.GRADS:
         return _checks.all_finite(_checks.grads_of(opts))
     return True
+
+
+def unscaled_grads(
+    scaler: torch.amp.GradScaler | None,
+    loss: torch.Tensor,
+    inputs: Iterable[torch.Tensor],
+    *,
+    create_graph: bool,
+) -> tuple[torch.Tensor, ...]:
+    """``torch.autograd.grad`` of the scaled loss, each result times ``1 / scale``."""
+    tensors = tuple(inputs) if isinstance(inputs, Iterable) else ()
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise checks.fail(
+            "inputs", "tensors to differentiate by, e.g. list(model.parameters())",
+            inputs, kind=TypeError,
+        )  # fmt: skip
+    if scaler is None:
+        return torch.autograd.grad(loss, tensors, create_graph=create_graph)
+    scaled = torch.autograd.grad(scaler.scale(loss), tensors, create_graph=create_graph)
+    inverse = 1.0 / scaler.get_scale()
+    return tuple(g * inverse for g in scaled)

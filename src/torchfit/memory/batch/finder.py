@@ -198,12 +198,18 @@ def find_batch_size(
        first and probes from the state it leaves: later steps hold the optimizer state
        that the first step only creates at its end.
     3. Runs one real step. On an out-of-memory error (`is_oom`) it clears the frames of
-       the failed step, runs ``gc.collect()`` and ``torch.cuda.empty_cache()``, and backs
-       off to the largest size the prediction and the observed memory allow (the bytes at
-       the OOM bound the per-sample cost from below); after a second OOM in a row it at
-       least halves. When a step after a back-off is measured with room to spare, the
-       gap below the size that failed is closed the same way. Errors that are not OOMs
-       are re-raised untouched.
+       the failed step, runs ``gc.collect()`` and ``torch.cuda.empty_cache()``, and, as
+       the size was one the prediction said fits, takes the prediction as optimistic:
+       it shrinks to 0.7x the failed size (or less, if the bytes at the OOM, a lower
+       bound on the per-sample cost, say so), and halves after a second OOM in a row.
+       An OOM that struck below the budget (memory the meter does not see: another
+       process, fragmentation, cuDNN or NCCL handles) lowers the usable bytes to what
+       was held then. When a step after a back-off is measured with room to spare, the
+       gap below the size that failed is closed by the measured line if that line
+       foresees every OOM seen; else (or once an OOM follows a success) it bisects
+       between the last success and the failure on a 10% grid, so the answer is within
+       10% of the largest size that runs. Errors that are not OOMs are re-raised
+       untouched.
     4. With ``probe_upward``, after a success it tries the largest size the measured
        steps allow (on a simulated card or CUDA: the secant of the two largest, since at
        small batches the optimizer step can set a flat peak), else doubles and bisects.
@@ -238,7 +244,10 @@ def find_batch_size(
         max_trials: At most this many real steps.
 
     Returns:
-        A function of the step's remaining arguments that returns a `BatchSizeResult`.
+        A function of the step's remaining arguments that returns a `BatchSizeResult`;
+        its ``returned`` is what the step returned at the largest size that ran (what
+        accelerate's ``find_executable_batch_size`` returns), and with a callable
+        ``predict`` its ``fitted_from`` names the sizes the line was fitted from.
 
     Raises:
         torch.OutOfMemoryError: (from the search) not even batch size 1 runs.
@@ -258,7 +267,7 @@ def find_batch_size(
         >>> with simulate_gpu("2MiB", track=(net, opt)):
         ...     result = step()
         >>> [(trial.batch_size, str(trial.outcome)) for trial in result.trials]
-        [(2, 'ok'), (1024, 'oom'), (875, 'oom'), (437, 'oom'), (218, 'ok'), (291, 'ok')]
+        [(2, 'ok'), (1024, 'oom'), (716, 'oom'), (358, 'oom'), (179, 'ok'), (291, 'ok')]
         >>> result.batch_size
         291
     """

@@ -14,9 +14,9 @@ from typing import NamedTuple
 import torch
 
 from torchfit._core import checks
-from torchfit._core.bisection import gallop, last_true
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.allocator.context import cuda_context_bytes
+from torchfit.memory.batch.fit import Line, solve_callable
 from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import read_budget
@@ -47,8 +47,6 @@ __all__ = [
 # it (allocated == reserved, no fragmentation), so 2% is kept there, for step variation.
 _FRACTION_CARD = 0.10
 _FRACTION_SIMULATED = 0.02
-# A batch above this means the prediction never reaches the budget (a bug in predict).
-_NEVER = 2**40
 
 
 class BudgetKind(enum.StrEnum):
@@ -184,38 +182,7 @@ def solve_batch_size(
     return max(line.max_batch_size(usable), 0) if usable >= 0 else 0
 
 
-@dataclasses.dataclass(frozen=True)
-class Line:
-    """``fixed + batch * per_sample`` in bytes (floats: a fit, not a category table)."""
-
-    fixed: float
-    per_sample: float
-
-    def at(self, batch_size: int) -> float:
-        """Predicted bytes at ``batch_size``."""
-        return self.fixed + batch_size * self.per_sample
-
-    def solve(self, usable: float) -> int:
-        """Largest batch within ``usable`` bytes (0 if none)."""
-        if self.per_sample <= 0:
-            raise ValueError(
-                "memory does not grow with the batch size in this prediction; check that "
-                "the per-sample part (activations) was estimated"
-            )
-        return max(math.floor((usable - self.fixed) / self.per_sample), 0)
-
-
 Predictor = AffineEstimate | Callable[[int], MemoryEstimate]
-
-
-def _total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
-    estimate = predict(batch_size)
-    if not isinstance(estimate, MemoryEstimate):
-        raise TypeError(
-            f"predict({batch_size}) returned {type(estimate).__name__}; a predictor must "
-            "return a torchfit MemoryEstimate (e.g. lambda b: memory.estimate(model, batch_size=b))"
-        )
-    return estimate.total
 
 
 def solve_predictor(
@@ -223,10 +190,11 @@ def solve_predictor(
 ) -> tuple[int, Line]:
     """Largest batch within ``usable`` bytes, and the line (or local secant) used.
 
-    An `AffineEstimate` is inverted directly. A callable is fitted from two evaluations
-    (batch 1 and 2), the solution is checked with the callable itself (it must fit and
-    one more must not), and when that check fails (memory not affine) the answer comes
-    from a bisection over the callable.
+    An `AffineEstimate` is inverted directly. A callable is fitted from the two
+    smallest sizes it accepts (`fit_sizes`), the solution is checked with the callable
+    itself (it must fit and one more must not), and when that check fails (memory not
+    affine) the answer comes from a bisection over the callable. Sizes below the first
+    one accepted are never the answer.
     """
     sizes = sorted(set(batch_sizes)) if batch_sizes is not None else None
     if sizes is not None and (not sizes or sizes[0] < 1):
@@ -242,37 +210,7 @@ def solve_predictor(
             f"predict must be an AffineEstimate or a callable batch_size -> MemoryEstimate; "
             f"got {type(predict).__name__}"
         )
-    return _solve_callable(predict, usable, sizes)
-
-
-def _solve_callable(
-    predict: Callable[[int], MemoryEstimate], usable: int, sizes: list[int] | None
-) -> tuple[int, Line]:
-    one, two = _total(predict, 1), _total(predict, 2)
-    line = Line(float(2 * one - two), float(two - one))
-    if one > usable:
-        return 0, line
-
-    def fits(batch_size: int) -> bool:
-        return _total(predict, batch_size) <= usable
-
-    if sizes is not None:
-        if fits(sizes[-1]):
-            return sizes[-1], line
-        index = last_true(lambda i: fits(sizes[i]), -1, len(sizes) - 1)
-        return (sizes[index] if index >= 0 else 0), line
-    # A peak set by a batch-independent phase at small batches is flat there: no slope.
-    guess = max(line.solve(usable), 1) if line.per_sample > 0 else 2
-    if fits(guess):
-        if not fits(guess + 1):  # the line's answer, checked by the third and fourth call
-            return guess, line
-        good, bad = guess + 1, 2 * guess + 2
-    else:
-        good, bad = 1, guess
-    good, bad = gallop(fits, good, bad, limit=_NEVER)  # not affine: widen, then bisect
-    if bad > _NEVER:
-        raise ValueError("the predicted memory never exceeds the budget; check predict")
-    return last_true(fits, good, bad), line
+    return solve_callable(predict, usable, sizes)
 
 
 @checks.arguments(

@@ -254,12 +254,16 @@ class Meter:
         return None
 
     def demand(self, message: str) -> int | None:
-        """After an OOM: bytes held plus the refused request, a lower bound on the need."""
+        """After an OOM: bytes held plus the refused request, a lower bound on the need.
+
+        The request is the card's own (a `simulate_gpu` refusal) or, for an error raised
+        elsewhere, the ``Tried to allocate`` of its message.
+        """
+        found = _TRIED.search(message)
+        tried = parse_bytes(found.group(1)) if found else 0
         if self.card is not None:
-            return self.card.demand
+            return max(self.card.demand, self.card.peak + tried)
         if self.cuda:
-            found = _TRIED.search(message)
-            tried = parse_bytes(found.group(1)) if found else 0
             return int(torch.cuda.max_memory_allocated()) + tried
         return None
 

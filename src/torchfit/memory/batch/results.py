@@ -13,10 +13,13 @@ from torchfit._core.units import format_bytes
 
 __all__ = ["BatchSizeResult", "BatchTrial", "TrialOutcome", "is_oom"]
 
-# Messages of out-of-memory errors that arrive as plain RuntimeErrors:
+# Messages of out-of-memory errors that arrive as plain RuntimeErrors. Every one that
+# accelerate 1.x's should_reduce_batch_size backs off on is here (tests/memory/batch/
+# test_oom_messages.py checks each against it), plus cuBLAS's and cuDNN's own.
 _OOM_MESSAGES = (
     "out of memory",  # CUDA / HIP / XPU ("CUDA out of memory."), MPS ("MPS backend out of memory")
     "DefaultCPUAllocator: can't allocate memory",  # c10 CPU allocator
+    "PT_DEVMEM Allocation failed",  # Intel Gaudi (HPU): "FATAL ERROR :: MODULE:PT_DEVMEM ..."
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not get its workspace / handle
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN could not get its workspace
     # cuDNN's "not supported" at large batches is an OOM in disguise; accelerate's
@@ -31,8 +34,9 @@ def is_oom(exc: BaseException) -> bool:
 
     ``torch.OutOfMemoryError`` (also what `simulate_gpu` raises) and Python's
     ``MemoryError`` always count; a ``RuntimeError`` counts when its message is one of
-    the CUDA / cuBLAS / cuDNN / CPU-allocator out-of-memory messages. An error raised
-    ``from`` an OOM (``raise X from oom``) counts too.
+    the out-of-memory messages of CUDA, HIP, XPU, MPS, HPU (``PT_DEVMEM Allocation
+    failed``), cuBLAS, cuDNN (``CUDNN_STATUS_NOT_SUPPORTED`` too) or the CPU allocator.
+    An error raised ``from`` an OOM (``raise X from oom``) counts too.
 
     Example:
         >>> is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -73,7 +77,9 @@ class BatchTrial:
         outcome: `TrialOutcome.OK` or `TrialOutcome.OOM`.
         reason: Why this size was tried: ``"warm-up"``, ``"predicted"``, ``"start"``,
             ``"back-off"`` (after an OOM), ``"refine"`` (closing the gap below a size
-            that failed) or ``"probe"`` (upward, with ``probe_upward``).
+            that failed, by the measured line), ``"bisect"`` (between a size that ran
+            and one that failed, when the line did not foresee the failure) or
+            ``"probe"`` (upward, with ``probe_upward``).
         peak: Peak allocated bytes of the step when measurable (a simulated card or
             CUDA); after an OOM, the bytes held plus the refused request (a lower bound).
         resident: Bytes allocated when the step started, when measurable.
@@ -104,6 +110,14 @@ class BatchSizeResult:
         budget: Budget in bytes (``None`` when none was given or found).
         usable: Bytes the margin left of the budget (``None`` without a budget).
         trials: Every real step run, in order.
+        returned: What the step returned in its run at the largest size that ran (the
+            value accelerate's ``find_executable_batch_size`` hands back); ``batch_size``
+            is below that size when the margin shrank the answer. It is kept while
+            later trials run: return numbers or detached tensors, not a loss whose graph
+            holds the activations.
+        fitted_from: The batch sizes a callable ``predict`` was evaluated at to fit its
+            line: the two smallest it accepted (a model with BatchNorm refuses 1 in
+            training). Empty without a callable predictor.
 
     Example:
         >>> r = BatchSizeResult(
@@ -122,6 +136,8 @@ class BatchSizeResult:
     budget: int | None
     usable: int | None
     trials: tuple[BatchTrial, ...]
+    returned: Any = None
+    fitted_from: tuple[int, ...] = ()
 
     @property
     def ooms(self) -> int:
@@ -139,8 +155,13 @@ class BatchSizeResult:
         return sum(trial.seconds for trial in self.trials)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the trials as dicts, plus ``ooms`` and ``real_steps``."""
-        data = dataclasses.asdict(self)
+        """Every field, the trials as dicts, plus ``ooms`` and ``real_steps``.
+
+        ``returned`` is left out (it may be anything); read it from the result.
+        """
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del data["returned"]
+        data["fitted_from"] = list(self.fitted_from)
         data["trials"] = [
             {**dataclasses.asdict(trial), "outcome": str(trial.outcome)} for trial in self.trials
         ]
@@ -159,6 +180,9 @@ class BatchSizeResult:
         if self.predicted is not None:
             head += f" (predicted {self.predicted})"
         lines = [f"BatchSizeResult: {head}"]
+        if self.fitted_from:
+            sizes = " and ".join(map(str, self.fitted_from))
+            lines.append(f"  predictor fitted at batch sizes {sizes}")
         if self.budget is not None and self.usable is not None:
             lines.append(
                 f"  budget {format_bytes(self.budget)}, usable {format_bytes(self.usable)}"
@@ -174,4 +198,7 @@ class BatchSizeResult:
                 f"{trial.outcome:<7}  {peak:>12}  {trial.seconds:>8.3f}  {trial.reason}"
             )
         lines.append(f"  {self.real_steps} real steps, {self.ooms} out of memory")
+        if self.returned is not None:
+            shown = repr(self.returned)
+            lines.append(f"  the step returned {shown if len(shown) <= 60 else shown[:57] + '...'}")
         return "\n".join(lines)

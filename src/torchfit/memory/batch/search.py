@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from torchfit.memory.batch.bracket import Bracket
 from torchfit.memory.batch.predict import (
     Budget,
     BudgetKind,
@@ -92,13 +93,6 @@ def split_effective(effective: int, cap: int) -> tuple[int, int]:
     return math.ceil(effective / steps), steps
 
 
-@dataclasses.dataclass
-class _Observed:
-    batch_size: int
-    peak: int
-    resident: int
-
-
 class Search:
     """One run of the search: trials, observations, and the next size to try."""
 
@@ -126,13 +120,15 @@ class Search:
                 with paused():  # a predictor's work (e.g. a trace) is not the step's memory
                     self.predicted, self.line = solve_predictor(options.predict, self.usable)
         caps = [c for c in (options.limit, options.effective) if c is not None]
-        self.cap = min(caps) if caps else None
-        self.lo = 0
-        self.hi: int | None = None
-        self.oks: list[_Observed] = []
-        self.ooms: list[_Observed] = []
-        self.streak = 0
+        self.next = Bracket(
+            usable=self.usable,
+            budget=self.budget,
+            line=self.line,
+            cap=min(caps) if caps else None,
+            probe_upward=options.probe_upward,
+        )
         self.trials: list[BatchTrial] = []
+        self.returned: object = None  # what the step returned at the largest size that ran
         self.meter = Meter()
 
     # -- one real step --------------------------------------------------------------
@@ -159,8 +155,9 @@ class Search:
         started = time.perf_counter()
         error = ""
         failed = False
+        value: object = None
         try:
-            self.call(batch_size, accumulation)
+            value = self.call(batch_size, accumulation)
         except Exception as exc:
             if not is_oom(exc):
                 raise
@@ -171,7 +168,8 @@ class Search:
             traceback.clear_frames(exc.__traceback__)
         seconds = time.perf_counter() - started
         ok = bool(agree_min(int(not failed)))
-        peak = self.meter.peak() if ok else self.meter.demand(error)
+        held = self.meter.peak()  # after an OOM: what was held before the refused request
+        peak = held if ok else self.meter.demand(error)
         if failed:
             # What the failed step held may sit in reference cycles. A full collection
             # costs ~0.25 s in a process with transformers loaded, so it is skipped only
@@ -187,100 +185,19 @@ class Search:
         self.trials.append(
             BatchTrial(batch_size, accumulation, outcome, reason, peak, resident, seconds, error)
         )
-        if peak is not None and resident is not None and reason != "warm-up":
-            (self.oks if ok else self.ooms).append(_Observed(batch_size, peak, resident))
+        if ok and reason != "warm-up" and batch_size >= self.next.lo:
+            self.returned = value  # only the largest: it stays alive through later trials
+        self.next.observe(
+            batch_size, ok=ok, peak=peak, held=held, resident=resident,
+            fitted=reason != "warm-up",
+        )  # fmt: skip
         return ok
 
-    # -- what to try next -------------------------------------------------------------
-
-    def model(self) -> Line | None:
-        """Fixed and per-sample bytes: from measured successes, else the prediction.
-
-        A step's peak is ``max(P0, F + S * batch)``: at small batches a phase that does
-        not grow with the batch (the optimizer step) can set it. So the per-sample cost
-        is the secant between the two largest measured successes, anchored at the
-        largest (0 while the peak is still flat: the caller then doubles); with a single
-        success it is ``(peak - resident) / batch``, an over-estimate. A measured OOM
-        above the anchor proves ``S >= (demand - anchor peak) / (batch - anchor batch)``.
-        """
-        if self.oks:
-            top = max(self.oks, key=lambda o: o.batch_size)
-            below = [o for o in self.oks if o.batch_size < top.batch_size]
-            if below:
-                near = max(below, key=lambda o: o.batch_size)
-                slope = (top.peak - near.peak) / (top.batch_size - near.batch_size)
-            else:
-                slope = (top.peak - top.resident) / top.batch_size
-            bounds = [
-                (o.peak - top.peak) / (o.batch_size - top.batch_size)
-                for o in self.ooms
-                if o.batch_size > top.batch_size
-            ]
-            per_sample = max([slope, *bounds])
-            return Line(top.peak - per_sample * top.batch_size, per_sample)
-        if self.line is not None:
-            bounds = [(o.peak - self.line.fixed) / o.batch_size for o in self.ooms]
-            return Line(self.line.fixed, max([self.line.per_sample, *bounds]))
-        if self.ooms:
-            fixed = float(self.ooms[-1].resident)
-            return Line(fixed, max((o.peak - o.resident) / o.batch_size for o in self.ooms))
-        return None
-
-    def solve(self) -> int | None:
-        """The size the fitted line predicts for the usable budget, if it can tell."""
-        line = self.model()
-        if line is None or self.usable is None or line.per_sample <= 0:
+    def bisect_trial(self, batch_size: int, state: Snapshot) -> bool | None:
+        """One trial of the bisection; None when no trial is left."""
+        if len(self.trials) >= self.opts.max_trials:
             return None
-        return line.solve(self.usable)
-
-    def after_oom(self, batch_size: int) -> int:
-        """The next size after an out-of-memory error at ``batch_size``."""
-        self.hi = batch_size if self.hi is None else min(self.hi, batch_size)
-        self.streak += 1
-        halve = (self.lo + self.hi) // 2 if self.lo else self.hi // 2
-        solved = self.solve()
-        # Trust the model first; on a second OOM in a row, at least halve the distance.
-        nxt = halve if solved is None else (min(solved, halve) if self.streak >= 2 else solved)
-        nxt = min(nxt, self.hi - 1)
-        if nxt <= self.lo:
-            return 0 if self.lo else min(1, self.hi - 1)
-        return nxt
-
-    def after_ok(self, batch_size: int) -> int:
-        """The next size after ``batch_size`` ran (the search may stop)."""
-        self.lo = max(self.lo, batch_size)
-        self.streak = 0
-        if not self.opts.probe_upward:
-            # After a back-off, the measured step may show room below the size that ran
-            # out of memory: close that gap (never above the first size tried).
-            solved = self.solve() if self.oks and self.hi is not None else None
-            if solved is None or self.hi is None:
-                return 0
-            nxt = min(self.capped(solved), self.hi - 1)
-            return nxt if nxt > self.lo else 0
-        solved = self.solve() if self.oks else None
-        if solved is None:  # nothing measured, or a flat peak: double, then bisect
-            solved = 2 * self.lo if self.hi is None else (self.lo + self.hi) // 2
-        elif len(self.oks) == 1 and self.usable is not None and self.oks[0].peak < self.usable:
-            # One point cannot tell a flat peak (set by the optimizer step) from a steep
-            # line; with bytes to spare, a second point one size up gives the secant.
-            solved = max(solved, self.lo + 1)
-        nxt = self.capped(solved)
-        if self.hi is not None:
-            nxt = min(nxt, self.hi - 1)
-        return nxt if nxt > self.lo else 0
-
-    def capped(self, batch_size: int) -> int:
-        """``batch_size`` within the user's limit, and at least 1."""
-        return max(1, batch_size if self.cap is None else min(batch_size, self.cap))
-
-    def chosen(self) -> int:
-        """The largest verified size, shrunk (never grown) to keep the margin.
-
-        It shrinks when that step was measured above the usable bytes.
-        """
-        solved = self.solve() if self.oks else None
-        return self.lo if solved is None else max(min(self.lo, solved), 1)
+        return self.trial(batch_size, "bisect", state, accumulation=self.accumulation(batch_size))
 
     # -- the whole search ---------------------------------------------------------------
 
@@ -288,7 +205,7 @@ class Search:
         """Run trials until a size is verified; return the result."""
         first = self.predicted if self.predicted is not None else self.opts.start
         reason = "predicted" if self.predicted is not None else "start"
-        size = agree_min(self.capped(DEFAULT_START if first is None else max(first, 1)))
+        size = agree_min(self.next.capped(DEFAULT_START if first is None else max(first, 1)))
         original = Snapshot(self.opts.restore)
         try:
             state = original
@@ -301,17 +218,19 @@ class Search:
                 if self.trial(small, "warm-up", original, accumulation=1, keep=True):
                     state = Snapshot(self.opts.restore)
                 else:
-                    self.hi, size, reason = small, small - 1, "back-off"
+                    self.next.hi, size, reason = small, small - 1, "back-off"
             while size > 0 and len(self.trials) < self.opts.max_trials:
                 if self.trial(size, reason, state, accumulation=self.accumulation(size)):
-                    size = self.after_ok(size)
+                    size = self.next.after_ok(size)
                     reason = "probe" if self.opts.probe_upward else "refine"
                 else:
-                    size, reason = self.after_oom(size), "back-off"
+                    size, reason = self.next.after_oom(size), "back-off"
                 size = agree_min(size)
-            if self.lo == 0:
+                if self.next.bisecting:
+                    self.next.bisect(lambda size: self.bisect_trial(size, state))
+            if self.next.lo == 0:
                 raise torch.OutOfMemoryError(self._no_fit())
-            best = agree_min(self.chosen())
+            best = agree_min(self.next.chosen())
         finally:
             original.restore()
         micro, steps = (
@@ -325,6 +244,8 @@ class Search:
             budget=self.budget,
             usable=self.usable,
             trials=tuple(self.trials),
+            returned=self.returned,
+            fitted_from=() if self.line is None else self.line.fitted_from,
         )
 
     def _no_fit(self) -> str:

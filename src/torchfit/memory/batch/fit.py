@@ -1,0 +1,146 @@
+"""A line ``fixed + batch * per_sample`` from a callable predictor, and its answer.
+
+A callable ``batch_size -> MemoryEstimate`` (an estimator, a trace) is evaluated at the
+two smallest sizes the model accepts, the line through them is solved within the
+usable bytes, and the answer is checked with the callable itself; memory that is not
+affine falls back to a bisection over the callable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+
+from torchfit._core.bisection import gallop, last_true
+from torchfit.memory.result import MemoryEstimate
+
+__all__ = ["Line", "fit_sizes", "solve_callable", "total"]
+
+# A batch above this means the prediction never reaches the budget (a bug in predict).
+_NEVER = 2**40
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """``fixed + batch * per_sample`` in bytes (floats: a fit, not a category table).
+
+    ``fitted_from`` holds the batch sizes a callable predictor was evaluated at to fit
+    it (empty for an `AffineEstimate`, which is a line already).
+    """
+
+    fixed: float
+    per_sample: float
+    fitted_from: tuple[int, ...] = ()
+
+    def at(self, batch_size: int) -> float:
+        """Predicted bytes at ``batch_size``."""
+        return self.fixed + batch_size * self.per_sample
+
+    def solve(self, usable: float) -> int:
+        """Largest batch within ``usable`` bytes (0 if none)."""
+        if self.per_sample <= 0:
+            raise ValueError(
+                "memory does not grow with the batch size in this prediction; check that "
+                "the per-sample part (activations) was estimated"
+            )
+        return max(math.floor((usable - self.fixed) / self.per_sample), 0)
+
+
+class _NotAnEstimateError(TypeError):
+    """A predictor returned something other than a `MemoryEstimate` (never skipped)."""
+
+
+def total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
+    """``predict(batch_size).total``; a result that is not a `MemoryEstimate` is an error."""
+    estimate = predict(batch_size)
+    if not isinstance(estimate, MemoryEstimate):
+        raise _NotAnEstimateError(
+            f"predict({batch_size}) returned {type(estimate).__name__}; a predictor must "
+            "return a torchfit MemoryEstimate (e.g. lambda b: memory.estimate(model, batch_size=b))"
+        )
+    return estimate.total
+
+
+#: Sizes a callable predictor is tried at, in order, until two are accepted: a model
+#: may refuse some in training (BatchNorm needs 2 samples; a reshape, a multiple of 8).
+_FIT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def fit_sizes(predict: Callable[[int], MemoryEstimate]) -> tuple[tuple[int, int], Line]:
+    """The totals at the two smallest sizes ``predict`` accepts, and the line through them.
+
+    A size refused with an error that is not about memory (a ``ValueError``,
+    ``RuntimeError`` or ``TypeError`` from the model, such as BatchNorm's "Expected more
+    than 1 value per channel when training" at batch 1) is skipped and the next one is
+    tried, from 1 up to 64. A wrongly typed result is not skipped.
+
+    Raises:
+        ValueError: fewer than two sizes up to 64 were accepted, with the first refusal.
+
+    Example:
+        >>> def needs_two(b):
+        ...     if b < 2:
+        ...         raise ValueError("Expected more than 1 value per channel when training")
+        ...     return MemoryEstimate(weights=100, activations=10 * b)
+        >>> fit_sizes(needs_two)
+        ((120, 130), Line(fixed=100.0, per_sample=10.0, fitted_from=(2, 3)))
+    """
+    accepted: list[tuple[int, int]] = []
+    refused: list[tuple[int, Exception]] = []
+    for size in _FIT_SIZES:
+        try:
+            accepted.append((size, total(predict, size)))
+        except (_NotAnEstimateError, torch.OutOfMemoryError):
+            raise
+        except (ValueError, RuntimeError, TypeError) as error:
+            refused.append((size, error))
+        if len(accepted) == 2:
+            break
+    if len(accepted) < 2:
+        size, first_error = refused[0]
+        raise ValueError(
+            f"predict was refused at batch size {size} ({type(first_error).__name__}: "
+            f"{first_error}) and accepted only {[b for b, _ in accepted] or 'no size'} of "
+            f"{list(_FIT_SIZES)}; a line needs two: check that predict runs the model at "
+            "these sizes"
+        ) from first_error
+    (b1, t1), (b2, t2) = accepted
+    per_sample = (t2 - t1) / (b2 - b1)
+    return (t1, t2), Line(float(t1 - per_sample * b1), float(per_sample), (b1, b2))
+
+
+def solve_callable(
+    predict: Callable[[int], MemoryEstimate], usable: int, sizes: list[int] | None
+) -> tuple[int, Line]:
+    """The largest batch within ``usable`` bytes (of ``sizes`` if given), and the line."""
+    (first_total, _), line = fit_sizes(predict)
+    first = line.fitted_from[0]
+    if first_total > usable:
+        return 0, line
+
+    def fits(batch_size: int) -> bool:
+        return total(predict, batch_size) <= usable
+
+    if sizes is not None:
+        sizes = [b for b in sizes if b >= first]  # smaller ones cannot run
+        if not sizes:
+            return 0, line
+        if fits(sizes[-1]):
+            return sizes[-1], line
+        index = last_true(lambda i: fits(sizes[i]), -1, len(sizes) - 1)
+        return (sizes[index] if index >= 0 else 0), line
+    # A peak set by a batch-independent phase at small batches is flat there: no slope.
+    guess = max(line.solve(usable), first) if line.per_sample > 0 else first + 1
+    if fits(guess):
+        if not fits(guess + 1):  # the line's answer, checked by the third and fourth call
+            return guess, line
+        good, bad = guess + 1, 2 * guess + 2
+    else:
+        good, bad = first, guess
+    good, bad = gallop(fits, good, bad, limit=_NEVER)  # not affine: widen, then bisect
+    if bad > _NEVER:
+        raise ValueError("the predicted memory never exceeds the budget; check predict")
+    return last_true(fits, good, bad), line
