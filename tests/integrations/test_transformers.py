@@ -276,7 +276,7 @@ def test_a_trainer_that_is_not_one_is_refused(tmp_path):
         (
             {"margin": -0.2},
             ValueError,
-            r"margin=-0.2\): margin must be a finite number >= 0 and < 1",
+            r"margin=-0.2\): Margin.fraction must be in \[0, 1\); got -0.2",
         ),
         ({"budget": "1GiB", "keep_effective_batch": "yes"}, TypeError, r"expected True or False"),
     ],

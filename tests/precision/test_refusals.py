@@ -53,11 +53,11 @@ def test_step_without_optimizer_is_refused_inside_a_window_too():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"init_scale": math.inf}, ValueError, r"init_scale must be a finite number; got inf"),
+        ({"init_scale": math.inf}, ValueError, r"init_scale must be a finite number > 0; got inf"),
         ({"growth_factor": math.inf}, ValueError, r"growth_factor must be a finite .*; got inf"),
         ({"growth_interval": 2.5}, TypeError, r"growth_interval must be a whole .*; got 2.5"),
         ({"growth_interval": math.nan}, TypeError, r"growth_interval must be a whole .*; got nan"),
-        ({"device": "tpu"}, ValueError, r"device='tpu'.*such as 'cuda:0' or 'cpu'"),
+        ({"device": "tpu"}, ValueError, r"device must be a torch.device or a string .*; got 'tpu'"),
         ({"skip_nonfinite": True}, ValueError, r"skip_nonfinite=True is not .*'loss', 'grads'"),
     ],
 )  # fmt: skip
@@ -69,7 +69,7 @@ def test_bad_construction(kwargs, error, message):
 @pytest.mark.parametrize(
     ("weight", "message"),
     [(-1.0, r"weight must be a finite number > 0; got -1.0; a micro-batch"),
-     (math.nan, r"weight must be a finite number; got nan")],
+     (math.nan, r"weight must be a finite number > 0; got nan")],
 )  # fmt: skip
 def test_bad_weight_runs_no_backward(weight, message):
     net = torch.nn.Linear(4, 2)

@@ -469,13 +469,13 @@ def test_find_batch_size_checks_the_step_signature():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"start": 0}, ValueError, "start must be a whole number >= 1; got 0"),
+        ({"start": 0}, ValueError, "start must be >= 1; got 0"),
         ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be a whole number"),
         ({"start": 4, "predict": line(0, 1)}, ValueError, "either predict= .* or start="),
         ({"predict": "big"}, TypeError, "AffineEstimate or a callable"),
         ({"budget": "lots"}, ValueError, "cannot read 'lots'"),
-        ({"margin": "some"}, TypeError, "margin must be a finite number >= 0 and < 1"),
-        ({"max_trials": 0}, ValueError, "max_trials must be a whole number >= 1; got 0"),
+        ({"margin": "some"}, TypeError, "margin must be a fraction such as 0.1, a Margin, or None"),
+        ({"max_trials": 0}, ValueError, "max_trials must be >= 1; got 0"),
     ],
 )
 def test_find_batch_size_rejects_bad_options_at_once(options, error, message):
