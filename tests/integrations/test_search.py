@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchfit.integrations.search import Samples, SearchPlan, check_options, kept_rng, run_search
+from torchfit._core.rng import kept_rng
+from torchfit.integrations.search import Samples, SearchPlan, check_options, run_search
 from torchfit.memory import Margin, MemoryEstimate, simulate_gpu
 
 

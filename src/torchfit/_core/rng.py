@@ -10,12 +10,43 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-__all__ = ["kept_rng"]
+__all__ = ["kept_rng", "rng_snapshot"]
+
+
+def rng_snapshot(*, cuda: bool = False) -> Callable[[], None]:
+    """Save every global random stream now; the returned function puts them back (any times).
+
+    Args:
+        cuda: As in `kept_rng`.
+
+    Example:
+        >>> restore = rng_snapshot()
+        >>> first = random.random()
+        >>> restore()
+        >>> random.random() == first
+        True
+    """
+    initialized = torch.cuda.is_available() and (
+        cuda or bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+    )
+    cpu = torch.get_rng_state()
+    gpus = torch.cuda.get_rng_state_all() if initialized else None
+    python = random.getstate()
+    legacy = np.random.get_state()  # noqa: NPY002 - the legacy global generator is user state
+
+    def restore() -> None:
+        torch.set_rng_state(cpu)
+        if gpus is not None:
+            torch.cuda.set_rng_state_all(gpus)
+        random.setstate(python)
+        np.random.set_state(legacy)  # noqa: NPY002
+
+    return restore
 
 
 @contextlib.contextmanager
@@ -33,18 +64,8 @@ def kept_rng(*, cuda: bool = False) -> Iterator[None]:
         >>> random.getstate() == state, bool(torch.rand(1) != first)
         (True, True)
     """
-    initialized = torch.cuda.is_available() and (
-        cuda or bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-    )
-    cpu = torch.get_rng_state()
-    gpus = torch.cuda.get_rng_state_all() if initialized else None
-    python = random.getstate()
-    legacy = np.random.get_state()  # noqa: NPY002 - the legacy global generator is user state
+    restore = rng_snapshot(cuda=cuda)
     try:
         yield
     finally:
-        torch.set_rng_state(cpu)
-        if gpus is not None:
-            torch.cuda.set_rng_state_all(gpus)
-        random.setstate(python)
-        np.random.set_state(legacy)  # noqa: NPY002
+        restore()

@@ -11,17 +11,16 @@ end, also the draws the predictor's sample batches made.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import random
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchfit._core.rng import kept_rng
 from torchfit.memory import (
     GPU,
     BatchSizeResult,
@@ -35,7 +34,6 @@ __all__ = [
     "Samples",
     "SearchPlan",
     "check_options",
-    "kept_rng",
     "move_to",
     "run_search",
 ]
@@ -96,27 +94,6 @@ def check_options(
 
 def _never_called(batch_size: int) -> None:  # pragma: no cover - a decoration target only
     raise AssertionError(batch_size)
-
-
-@contextlib.contextmanager
-def kept_rng() -> Iterator[None]:
-    """Put every RNG (torch CPU and CUDA, ``random``, numpy) back as it was on exit."""
-    cpu = torch.get_rng_state()
-    cuda = (
-        torch.cuda.get_rng_state_all()
-        if torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        else None
-    )
-    python = random.getstate()
-    legacy = np.random.get_state()  # noqa: NPY002 - the legacy global generator is user state
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        random.setstate(python)
-        np.random.set_state(legacy)  # noqa: NPY002
 
 
 def move_to(value: Any, device: torch.device) -> Any:

@@ -13,15 +13,14 @@
 from __future__ import annotations
 
 import copy
-import random
 import re
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from torchfit._core.rng import rng_snapshot
 from torchfit._core.units import parse_bytes
 from torchfit.memory.batch.simulate import active_simulator, paused
 
@@ -144,22 +143,6 @@ def _snap_stateful(obj: Any) -> Callable[[], None]:
     return restore
 
 
-def _snap_rng() -> Callable[[], None]:
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if cuda_ready() else None
-    python = random.getstate()
-    numpy = np.random.get_state()  # noqa: NPY002 - the legacy global generator is user state
-
-    def restore() -> None:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        random.setstate(python)
-        np.random.set_state(numpy)  # noqa: NPY002
-
-    return restore
-
-
 class Snapshot:
     """Host copies of user-owned state and RNGs, restored bitwise after each trial.
 
@@ -178,7 +161,7 @@ class Snapshot:
         """Snapshot ``objects`` and the RNG states now (host copies, not counted on a simulator)."""
         self.objects = objects
         with paused():
-            self._restorers = [*(_snapshot_one(obj) for obj in objects), _snap_rng()]
+            self._restorers = [*(_snapshot_one(obj) for obj in objects), rng_snapshot()]
 
     def restore(self) -> None:
         """Write every saved value back (parameters in place, so optimizers keep them)."""
