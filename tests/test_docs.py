@@ -438,6 +438,7 @@ SNIPPET_PAGES = (
     "precision.md",
     "quantize.md",
     "integrations.md",
+    "porting.md",
 )
 
 
