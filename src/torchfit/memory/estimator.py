@@ -22,12 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
 from torchfit._core.step import OptimizerName, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
-from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
     recorded_dtype,
@@ -38,7 +36,7 @@ from torchfit.memory.catalog.resolve import (
     resolve_model,
     vision_input_shape,
 )
-from torchfit.memory.knobs import loop_of, lora_of, refuse_for_meta_pass
+from torchfit.memory.knobs import ESTIMATE_RULES, loop_of, lora_of, refuse_for_meta_pass
 from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
@@ -48,19 +46,7 @@ __all__ = ["estimate"]
 _DEVICES = ("cuda", "cpu")
 
 
-@checks.arguments(
-    model=checks.model_ref(),
-    batch_size=checks.whole(at_least=1),
-    seq_len=checks.whole(at_least=1),
-    input_shape=checks.shape(),
-    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
-    gradient_accumulation_steps=checks.whole(at_least=1),
-    loss_chunk_size=checks.whole(at_least=1),
-    lora_rank=checks.whole(at_least=1),
-    lora_dropout=checks.number(at_least=0, below=1),
-    bitsandbytes_version=checks.parsed(keeps_4bit_input),
-    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
-)
+@checks.arguments(**ESTIMATE_RULES)
 def estimate(
     model: Any,
     *,

@@ -5,11 +5,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._core import checks
 from torchfit._core.step import Loop
+from torchfit._core.units import parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.lora import LoraSetup, lora_setup
 
-__all__ = ["lora_of", "loop_of", "refuse_for_meta_pass"]
+__all__ = ["ESTIMATE_RULES", "lora_of", "loop_of", "refuse_for_meta_pass"]
+
+#: The door's rules for the arguments `estimate` and `fits` share (one definition).
+ESTIMATE_RULES: dict[str, checks.Rule] = {
+    "model": checks.model_ref(),
+    "batch_size": checks.whole(at_least=1),
+    "seq_len": checks.whole(at_least=1),
+    "input_shape": checks.shape(),
+    "attn_implementation": checks.parsed(parse_attention, kinds=(str,)),
+    "gradient_accumulation_steps": checks.whole(at_least=1),
+    "loss_chunk_size": checks.whole(at_least=1),
+    "lora_rank": checks.whole(at_least=1),
+    "lora_dropout": checks.number(at_least=0, below=1),
+    "bitsandbytes_version": checks.parsed(keeps_4bit_input),
+    "base_dtype": checks.parsed(parse_dtype, kinds=(str,)),
+}
 
 
 def loop_of(

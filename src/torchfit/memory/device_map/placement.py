@@ -57,6 +57,18 @@ __all__ = ["evaluate_device_map", "plan_device_map"]
 _MAX_ROUNDS = 64
 
 
+#: The door's rules of `plan_device_map` and `evaluate_device_map` (one definition).
+_RULES: dict[str, checks.Rule] = {
+    "model": checks.model_ref(),
+    "batch_size": checks.whole(at_least=1),
+    "seq_len": checks.whole(at_least=1),
+    "quant_type": checks.one_of("nf4", "fp4"),
+    "attn_implementation": checks.parsed(parse_attention, kinds=(str,)),
+    "reserve": checks.parsed(parse_bytes, kinds=(str, int, float)),
+    "context_bytes": checks.parsed(parse_bytes, kinds=(str, int, float)),
+}
+
+
 def _overflow_error(planner: Planner, result: DeviceMap) -> ValueError:
     cards = [s.card for s in result.devices]
     gpus = f"{len(cards)} x {cards[0]}" if len(set(cards)) == 1 else " + ".join(cards)
@@ -83,15 +95,7 @@ def _overflow_error(planner: Planner, result: DeviceMap) -> ValueError:
     )
 
 
-@checks.arguments(
-    model=checks.model_ref(),
-    batch_size=checks.whole(at_least=1),
-    seq_len=checks.whole(at_least=1),
-    quant_type=checks.one_of("nf4", "fp4"),
-    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
-    reserve=checks.parsed(parse_bytes, kinds=(str, int, float)),
-    context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
-)
+@checks.arguments(**_RULES)
 def plan_device_map(
     model: Any,
     gpus: Sequence[str | GPU | int] | str | GPU | int,
@@ -207,15 +211,7 @@ def plan_device_map(
     return result
 
 
-@checks.arguments(
-    model=checks.model_ref(),
-    batch_size=checks.whole(at_least=1),
-    seq_len=checks.whole(at_least=1),
-    quant_type=checks.one_of("nf4", "fp4"),
-    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
-    reserve=checks.parsed(parse_bytes, kinds=(str, int, float)),
-    context_bytes=checks.parsed(parse_bytes, kinds=(str, int, float)),
-)
+@checks.arguments(**_RULES)
 def evaluate_device_map(
     model: Any,
     device_map: Mapping[str, int | str],

@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
 from torchfit._core.bisection import largest_fitting
 from torchfit._core.step import (
@@ -30,11 +29,11 @@ from torchfit.memory.allocator.context import (
     given_context,
     parse_cuda_version,
 )
-from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
+from torchfit.memory.knobs import ESTIMATE_RULES
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec
 from torchfit.memory.result import MemoryEstimate
@@ -219,22 +218,12 @@ def _lora_settings(
 
 
 @checks.arguments(
-    model=checks.model_ref(),
-    batch_size=checks.whole(at_least=1),
-    seq_len=checks.whole(at_least=1),
-    input_shape=checks.shape(),
-    attn_implementation=checks.parsed(parse_attention, kinds=(str,)),
-    gradient_accumulation_steps=checks.whole(at_least=1),
-    loss_chunk_size=checks.whole(at_least=1),
-    lora_rank=checks.whole(at_least=1),
-    lora_dropout=checks.number(at_least=0, below=1),
-    bitsandbytes_version=checks.parsed(keeps_4bit_input),
+    **ESTIMATE_RULES,
     gpu=checks.number(at_least=1, integral=True),
     gpus_per_node=checks.whole(at_least=1),
     param_dtype=checks.parsed(parse_dtype, kinds=(str,)),
     context_bytes=checks.parsed(check_context_size, kinds=(str, int, float)),
     cuda_version=checks.parsed(parse_cuda_version, kinds=(str,)),
-    base_dtype=checks.parsed(parse_dtype, kinds=(str,)),
 )
 def fits(
     model: Any,
