@@ -145,7 +145,9 @@ def _size(text: str) -> object:
 
 def _context(text: str) -> object:
     """A size, or ``measure`` (the context measured on this machine's GPU, at plan time)."""
-    return text if _text(text).strip().lower() == "measure" else _size(text)
+    from torchfit.memory.allocator.context import asks_to_measure  # noqa: PLC0415
+
+    return text if asks_to_measure(_text(text)) else _size(text)
 
 
 def _bitsandbytes(text: str) -> object:

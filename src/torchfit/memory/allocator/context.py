@@ -24,6 +24,7 @@ __all__ = [
     "EAGER_CUDA_CONTEXT_BYTES",
     "LAZY_LOADING_SINCE",
     "PRE_LAZY_CUDA_CONTEXT_BYTES",
+    "asks_to_measure",
     "check_context_size",
     "cuda_context_bytes",
     "given_context",
@@ -235,6 +236,11 @@ def measure_cuda_context(device: int | str | None = None) -> int:
         return int(total - free - torch.cuda.memory_reserved())
 
 
+def asks_to_measure(value: object) -> bool:
+    """Whether a context size given by the user is the word ``"measure"`` (any case)."""
+    return isinstance(value, str) and value.strip().lower() == "measure"
+
+
 def check_context_size(value: object) -> None:
     """Refuse what `given_context` cannot read (without measuring anything).
 
@@ -242,7 +248,7 @@ def check_context_size(value: object) -> None:
         >>> check_context_size("measure"), check_context_size("420MiB")
         (None, None)
     """
-    if isinstance(value, str) and value.strip().lower() == "measure":
+    if asks_to_measure(value):
         return
     parse_bytes(value)  # type: ignore[arg-type]
 
@@ -256,6 +262,6 @@ def given_context(value: int | str | None) -> int | None:
     """
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lower() == "measure":
+    if asks_to_measure(value):
         return measure_cuda_context()
     return parse_bytes(value)

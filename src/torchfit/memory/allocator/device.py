@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.context import (
+    asks_to_measure,
     check_context_size,
     context_and_source,
     given_context,
@@ -281,8 +282,7 @@ def to_device(
         )
     else:
         context = given_context(context_bytes) or 0
-        measured = isinstance(context_bytes, str) and context_bytes.strip().lower() == "measure"
-        source = "measured on this machine" if measured else "given"
+        source = "measured on this machine" if asks_to_measure(context_bytes) else "given"
     notes.append(
         f"CUDA context {format_bytes(context)} ({source}; outside the allocator, "
         "shown by nvidia-smi)"

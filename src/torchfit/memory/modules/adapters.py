@@ -17,11 +17,9 @@ from torch import nn
 
 from torchfit._core.imports import require
 from torchfit._core.units import DType
+from torchfit.memory.analytic.lora import DEFAULT_RANK
 
 __all__ = ["frozen_base_weights", "with_adapters"]
-
-#: PEFT's LoraConfig default rank.
-DEFAULT_RANK = 8
 
 
 def with_adapters(
