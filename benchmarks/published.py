@@ -247,7 +247,14 @@ def _lora(case: published.Case) -> dict[str, Any]:
 #:   (finetune/lora.py and generate/base.py @ 8641822 and @ 2685705), whose
 #:   ``convert_module`` replaces every ``torch.nn.Linear`` not in ``ignore_modules`` (none
 #:   given): the LM head is quantized too, unlike transformers' default skip list.
+#: - Its phi configs set ``gelu_approximate="tanh"`` and its MLP calls
+#:   ``torch.nn.functional.gelu(x, approximate="tanh")``: PyTorch's fused kernel, which
+#:   saves its input only. transformers' Phi uses ``gelu_new``, the same curve written as
+#:   a chain of tensor ops that saves four tensors: the run is expressed with transformers'
+#:   ``gelu_pytorch_tanh``, which calls that fused kernel.
 LITGPT = ("Lit-GPT", "litgpt")
+#: transformers activations written out in Python -> the fused kernel LitGPT calls instead.
+LITGPT_ACTIVATIONS = {"gelu_new": "gelu_pytorch_tanh"}
 
 
 def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
@@ -263,9 +270,11 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
         raise NotExpressible(f"model {case.model!r}: {str(error).split(';')[0]}") from None
     config = resolved.config
     litgpt = (case.framework or "").startswith(LITGPT)
-    if litgpt and config is not None and getattr(config, "tie_word_embeddings", False):
+    if litgpt and config is not None:
         model = copy.deepcopy(config)
         model.tie_word_embeddings = False
+        activation = getattr(config, "hidden_act", None)
+        model.hidden_act = LITGPT_ACTIVATIONS.get(activation, activation)
     if case.precision not in PRECISIONS:
         raise NotExpressible(f"precision {case.precision!r}")
     kwargs: dict[str, Any] = dict(PRECISIONS[case.precision])

@@ -195,7 +195,7 @@ def estimate(
     if config is None or not has_closed_form(config):
         refuse_for_meta_pass(
             lora=wants_lora and (config is None or is_vision(config)),
-            chunked=loss_chunk_size is not None,
+            chunked=loss_chunk_size is not None and (config is None or is_vision(config)),
         )
     if config is None:  # a plain module: the user's, LeNet/AlexNet, torchvision, timm
         shape = input_shape or resolved.input_shape
@@ -264,6 +264,7 @@ def estimate(
         attention=attn_implementation,
         adapters=adapters,
         frozen_dtype=frozen,
+        loss_chunk=loss_chunk_size,
         **options,
     )
 

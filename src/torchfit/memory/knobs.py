@@ -82,7 +82,7 @@ def refuse_for_meta_pass(*, lora: bool, chunked: bool) -> None:
         )
     if chunked:
         raise ValueError(
-            "loss_chunk_size is modelled for transformers' closed forms only (the loss of "
+            "loss_chunk_size is modelled for transformers language models only (the loss of "
             "any other model is its own code); for this model trace your own training step "
             "with torchfit.memory.trace_step"
         )

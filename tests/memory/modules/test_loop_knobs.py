@@ -66,7 +66,7 @@ def test_a_transformers_model_without_closed_form_takes_the_knobs():
 
 def test_a_chunked_loss_is_refused_where_the_loss_is_the_models_own():
     with pytest.raises(
-        ValueError, match="loss_chunk_size is modelled for transformers' closed forms"
+        ValueError, match="loss_chunk_size is modelled for transformers language models"
     ):
         estimate(_mlp(64, 1), batch_size=2, input_shape=(64,), loss_chunk_size=8)
 

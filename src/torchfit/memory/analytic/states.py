@@ -19,6 +19,7 @@ from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_param
 
 __all__ = [
     "adapters_for",
+    "chunked_loss_peak",
     "frozen_base_states",
     "inputs_kept",
     "kept_gradients",
@@ -179,3 +180,45 @@ def kept_gradients(loop: Loop, gradients: int, notes: list[str]) -> int:
     )
     notes.append(f"gradients alive through forward and backward ({why})")
     return gradients
+
+
+def chunked_loss_peak(
+    activations: int,
+    *,
+    head_params: int,
+    itemsize: float,
+    rows: int,
+    seq_len: int,
+    chunk: int | None,
+    vocab: int,
+    logits_kept: bool = False,
+) -> int:
+    """The highest moment a loss in chunks of positions adds to ``activations``, or 0.
+
+    LitGPT's ``lm_head_chunk_size`` and torchtune's ``CEWithChunkedOutputLoss`` run the
+    head once per chunk and hand the list of logit chunks to the loss. Two moments can
+    beat the start of backward, where only one chunk's logit gradients exist:
+
+    - the end of the loss in forward: every chunk's logits (compute dtype) are alive, and
+      the chunk being upcast to fp32 for ``cross_entropy`` (16-bit only);
+    - a trained head (not LoRA's frozen one) gets one weight gradient per chunk, which
+      autograd adds into the running sum out of place (the incoming gradient is a
+      transposed view, which ``InputBuffer::add`` does not add into in place): the sum so
+      far, the new gradient and their sum are alive together while the second chunk from
+      the end is done, when two chunks' fp32 log-softmax outputs are already freed.
+
+    ``logits_kept``: the caller keeps the chunks through backward and counts them apart
+    (`kept_output`), so the forward's moment leaves them out. One chunk
+    (``chunk >= seq_len``) or no chunking: 0. Measured with the tracer and the
+    real CPU step (tests/memory/modules/test_chunked.py).
+    """
+    if chunk is None or chunk >= seq_len:
+        return 0
+    upcast = rows * chunk * vocab * 4 if itemsize < 4 else 0
+    logits = 0 if logits_kept else math.ceil(rows * seq_len * vocab * itemsize)
+    forward_end = activations + logits + upcast
+    if not head_params:
+        return forward_end
+    log_softmax = rows * chunk * vocab * 4  # one chunk's saved fp32 log-softmax
+    summed = activations - 2 * log_softmax + math.ceil(3 * head_params * itemsize)
+    return max(forward_end, summed)

@@ -46,6 +46,7 @@ from torchfit.memory.analytic.moe import (
 from torchfit.memory.analytic.quantized import dequantized_weight_bytes
 from torchfit.memory.analytic.states import (
     adapters_for,
+    chunked_loss_peak,
     frozen_base_states,
     inputs_kept,
     kept_gradients,
@@ -241,6 +242,13 @@ def estimate_transformer(
     )
 
 
+def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
+    """``start``, noting when a chunked loss's own moment (`chunked_loss_peak`) set it."""
+    if chunked and chunked == start:
+        notes.append("chunked loss: all logit chunks in forward, or the head's gradients summed")
+    return start
+
+
 def _training_peak(
     spec: TransformerSpec,
     settings: BlockSettings,
@@ -290,6 +298,17 @@ def _training_peak(
     head = 0 if settings.frozen_base else spec.vocab * spec.hidden
     head_grad = math.ceil(head * elem_of(mixed, compute))
     backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
+    chunked = chunked_loss_peak(
+        activations,
+        head_params=head,
+        itemsize=compute.itemsize,
+        rows=batch_size,
+        seq_len=seq_len,
+        chunk=loss_chunk,
+        vocab=spec.vocab,
+        logits_kept=loop.keep_output,
+    )
+    backward_start = _chunked_note(max(backward_start, chunked), chunked, notes)
     backward_start += dequantized  # the first 4-bit Linear's backward: a 16-bit weight copy
     backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
     kept_grads = kept_gradients(loop, states.gradients, notes)

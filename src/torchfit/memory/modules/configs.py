@@ -18,6 +18,7 @@ from torch import nn
 from torchfit._core.step import Loop, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.analytic.states import chunked_loss_peak
 from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
 from torchfit.memory.catalog.inputs import (
     DEFAULT_SEQUENCE,
@@ -26,6 +27,7 @@ from torchfit.memory.catalog.inputs import (
     sequence_limit,
 )
 from torchfit.memory.modules.adapters import with_adapters
+from torchfit.memory.modules.chunked import ChunkedLoss
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
@@ -61,6 +63,7 @@ def by_meta_pass(
     attention: str,
     adapters: dict[str, Any] | None = None,
     frozen_dtype: DType | None = None,
+    loss_chunk: int | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
@@ -73,6 +76,9 @@ def by_meta_pass(
     logits-sized fp32 gradients (of the log-softmax and of the logits) instead of the
     model's outputs, which torchfit's step drops before backward: measured with the
     tracer on BLOOM, Falcon, T5, GPTBigCode, OPT, GPT-NeoX and Gemma 2.
+
+    With ``loss_chunk`` (training), a causal LM's head and loss run that many positions at
+    a time (`ChunkedLoss`), and those gradients are one chunk's.
     """
     limit = sequence_limit(config)
     seq = seq_len if seq_len is not None else limit or DEFAULT_SEQUENCE
@@ -87,8 +93,10 @@ def by_meta_pass(
         model = with_adapters(model, **adapters)
     training = parse_mode(options["mode"]).value == "train"
     batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
+    chunk = loss_chunk if training and "labels" in batch else None
+    run = model if chunk is None else ChunkedLoss(model, chunk=chunk)
     with experts_on_fake_tensors():
-        found = estimate_module(model, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
+        found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
     built = type(_meta_model(config, attention)).__name__
     method = (
         f"method: meta-device pass of {built} built from its config (no closed "
@@ -104,6 +112,10 @@ def by_meta_pass(
         )
     head = model.get_output_embeddings()
     tokens = loss_tokens(batch)
+    if chunk is not None:
+        tokens = min(tokens, batch["labels"].shape[0] * chunk)
+        note = f"loss in chunks of {chunk} positions: one chunk's logit gradients"
+        found = found.replace(notes=(*found.notes, note))
     if training and tokens and head is not None:
         vocab = int(head.weight.shape[0])
         kept = (
@@ -112,7 +124,13 @@ def by_meta_pass(
             else 0
         )
         found = _with_loss_gradients(
-            found, 2 * tokens * vocab * FP32, model=model, kept_output=kept, **options
+            found,
+            2 * tokens * vocab * FP32,
+            model=model,
+            kept_output=kept,
+            chunk=chunk,
+            seq_len=seq,
+            **options,
         )
     if not training:
         found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
@@ -185,16 +203,34 @@ def _with_loss_gradients(
     loop: Loop,
     dtype: str | DType,
     mixed_precision: bool | None,
+    batch_size: int,
+    chunk: int | None = None,
+    seq_len: int = 0,
     **_options: Any,
 ) -> MemoryEstimate:
     """The start of backward with the loss's logits gradients, not the model's outputs.
 
     Beside them: the gradients of earlier micro-batches (accumulated, or zeroed in place)
     and the output (logits, and the KV cache a model with ``use_cache`` returns) when the
-    caller keeps it through backward.
+    caller keeps it through backward. With the loss in chunks, a trained head's per-chunk
+    weight gradients are summed in backward (`chunked_loss_peak`).
     """
     compute = parse_dtype(dtype)
     saved = sum(layer.activations for layer in found.layers)
+    lm: Any = model
+    weight = getattr(lm.get_output_embeddings(), "weight", None)
+    trained = weight is not None and weight.requires_grad
+    summed = chunked_loss_peak(
+        saved,
+        head_params=weight.numel() if weight is not None and trained else 0,
+        itemsize=compute.itemsize,
+        rows=batch_size,
+        seq_len=seq_len,
+        chunk=chunk,
+        vocab=0 if weight is None else int(weight.shape[0]),
+        logits_kept=loop.keep_output,
+    )
+    loss_grads = max(loss_grads, summed - saved)
     kept = 0
     if loop.gradients_during_forward:
         mixed = compute.bits == 16 if mixed_precision is None else mixed_precision
