@@ -44,6 +44,7 @@ CARDS = {
     "A100 (memory size not stated)": "A100 80GB",
     # Prem AI: 'A100 80 GPU'; SXM and PCIe hold the same 80 GB
     "A100 80GB (form factor not stated)": "A100 80GB",
+    "NVIDIA A100 80GB": "A100 80GB",
 }
 #: Allocator statistics barely depend on the card; where none is named, this one is used.
 DEFAULT_CARD = "A100 80GB"
@@ -56,6 +57,14 @@ MODELS = {
     # chat / instruct fine-tunes keep their base's config (Prem AI's runs)
     "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
     "mistralai/Mistral-7B-Instruct-v0.1": "mistral-7b",
+    # Qwen2.5 Instruct models: the base configs' shapes (the catalog's larger
+    # max_position_embeddings changes nothing at these lengths)
+    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b",
+    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+    "Qwen/Qwen2.5-14B-Instruct": "qwen2.5-14b",
+    "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
 }
 
 #: Models the catalog cannot build here, rebuilt from their library's source as plain
@@ -171,6 +180,7 @@ SOURCES = {
     "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
     "Lightning-AI/litgpt tutorials/quantize": "Lit-GPT quantization tutorial",
     "premAI-io/benchmarks": "Prem AI engine benchmarks",
+    "QwenLM/Qwen2.5 docs/source/benchmark/speed_benchmark": "Qwen2.5 speed benchmark",
 }
 
 

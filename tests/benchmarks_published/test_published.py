@@ -156,3 +156,13 @@ def test_prem_runs_use_the_base_config_and_keep_the_head_in_16_bits():
     assert kwargs["dtype"] == "fp16"
     assert published.source_of(case("prem_mistral_7b_fp16")) == "Prem AI engine benchmarks"
     assert published.CARDS[case("prem_mistral_7b_fp16").gpu] == "A100 80GB"
+
+
+def test_qwen_speed_benchmark_runs_are_bf16_inference_of_input_plus_2048_tokens():
+    model, kwargs = published.setting(case("qwen25_3b_in6144"))
+    assert model == "qwen2.5-3b"
+    assert kwargs["dtype"] == "bf16"
+    assert kwargs["mode"] == "inference"
+    assert kwargs["seq_len"] == 6144 + 2048
+    assert published.source_of(case("qwen25_3b_in6144")) == "Qwen2.5 speed benchmark"
+    assert published.CARDS[case("qwen25_3b_in6144").gpu] == "A100 80GB"
