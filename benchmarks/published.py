@@ -42,6 +42,9 @@ CARDS = {
     "A100 40GB": "A100 40GB",
     "NVIDIA A10G 24GB (1xA10G)": "A10G",
     "A100 (memory size not stated)": "A100 80GB",
+    # Prem AI: 'A100 80 GPU'; SXM and PCIe hold the same 80 GB
+    "A100 80GB (form factor not stated)": "A100 80GB",
+    "NVIDIA A100 80GB": "A100 80GB",
 }
 #: Allocator statistics barely depend on the card; where none is named, this one is used.
 DEFAULT_CARD = "A100 80GB"
@@ -51,6 +54,17 @@ DEFAULT_CARD = "A100 80GB"
 MODELS = {
     # a LoRA fine-tune of Llama-3-8B-Instruct merged back: Llama-3-8B's architecture
     "meta-llama/Meta-Llama-3-8B-Instruct (LoRA-finetuned, merged)": "llama-3-8b",
+    # chat / instruct fine-tunes keep their base's config (Prem AI's runs)
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
+    "mistralai/Mistral-7B-Instruct-v0.1": "mistral-7b",
+    # Qwen2.5 Instruct models: the base configs' shapes (the catalog's larger
+    # max_position_embeddings changes nothing at these lengths)
+    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b",
+    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+    "Qwen/Qwen2.5-14B-Instruct": "qwen2.5-14b",
+    "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
 }
 
 #: Models the catalog cannot build here, rebuilt from their library's source as plain
@@ -67,6 +81,7 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16-mixed": {"dtype": "bf16", "mixed_precision": True},
     "bf16-true": {"dtype": "bf16", "mixed_precision": False},
     "bf16": {"dtype": "bf16", "mixed_precision": False},
+    "fp16": {"dtype": "fp16", "mixed_precision": False},
     "bf16-true + bnb.nf4 base": {"dtype": "nf4", "precision": "bf16-true", "double_quant": False},
     "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true"},
     # load_in_4bit=True alone: BitsAndBytesConfig's defaults, fp4 (4 bits + one fp32 absmax
@@ -101,6 +116,12 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16-true + nf4 base (torchao)": {"dtype": "nf4", "precision": "bf16-true"},
     "bf16-true + nf4 base (torchao NF4Tensor)": {"dtype": "nf4", "precision": "bf16-true"},
     "int8 (bitsandbytes LLM.int8, load_in_8bit=True)": {"dtype": "int8"},
+    # BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, nf4, fp16 compute):
+    # transformers' default skip list keeps lm_head in 16 bits (no quantize_head)
+    "fp16 + bnb nf4-dq weights (transformers BitsAndBytesConfig, lm_head kept fp16)": {
+        "dtype": "nf4",
+        "double_quant": True,
+    },
 }
 
 #: What each recipe's chunked cross-entropy chunks: LitGPT's lm_head_chunk_size=128 (the
@@ -158,6 +179,8 @@ SOURCES = {
     "Lightning-AI/litgpt tutorials/resource-tables": "Lit-GPT resource tables",
     "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
     "Lightning-AI/litgpt tutorials/quantize": "Lit-GPT quantization tutorial",
+    "premAI-io/benchmarks": "Prem AI engine benchmarks",
+    "QwenLM/Qwen2.5 docs/source/benchmark/speed_benchmark": "Qwen2.5 speed benchmark",
 }
 
 

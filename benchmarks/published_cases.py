@@ -58,6 +58,11 @@ def _mib(number: str) -> int:
     return _dec(number, 2**20)
 
 
+def _mb(number: str) -> int:
+    """Decimal megabytes (nvidia-smi's MiB times 1.048576, as Prem AI's tracker prints)."""
+    return _dec(number, 10**6)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One published measurement or verdict and the setup it was taken under."""
@@ -146,6 +151,91 @@ _QUANTIZE_SETUP = (
     "prompt + max_new_tokens; figure = torch.cuda.max_memory_allocated()/1e9 ('Memory used: "
     "{:.02f} GB'). Quantized runs use Fabric's BitsandbytesPrecision, which converts every "
     "nn.Linear, the LM head included. torch / CUDA versions not stated."
+)
+
+
+_PREM_README = (
+    "premAI-io/benchmarks README.md @ 07100376e062c2690639fa02e41dbc01b83a1cf5 ('Performance "
+    "Metrics: GPU Memory Consumption (unit: MB)', row 'transformers (pytorch)'; 'Data updated: "
+    "30th April 2024'; the rows are the same from fb727820542d96b9fb28fb9aa3dc3e8d16b6bc63, "
+    "'Benchmarks v2', to 16338c31085de5718fd5bc803d8153a795d494f3); scripts "
+    "bench_pytorch/bench.py, common/base.py, common/memory_tracker.py, common/utils.py @ "
+    "fb727820542d96b9fb28fb9aa3dc3e8d16b6bc63 (unchanged to 16338c3)"
+)
+_PREM_SETUP = (
+    "README: 'The latest version only benchmarks on A100 80 GPU', CUDA 12.1, batch size 1, "
+    "./benchmark.sh --repetitions 10 --max_tokens 512 --device cuda --model mistral/llama "
+    "--prompt 'Write an essay about the transformer model architecture'. "
+    "bench_pytorch/requirements.txt: torch 2.2.2, transformers 4.39.3, accelerate 0.28.0, "
+    "bitsandbytes 0.43.1. bench.py: AutoModelForCausalLM.from_pretrained(device_map='cuda:0', "
+    "torch_dtype=float32/float16); int8 = BitsAndBytesConfig(load_in_8bit=True), int4 = "
+    "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, "
+    "bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.float16), both with device_map and "
+    "no torch_dtype (transformers then loads the rest in float16); the prompt goes through the "
+    "tokenizer's chat template as one user turn, then model.generate(max_new_tokens=512, "
+    "do_sample=True, temperature=0.1), batch 1. Measured: common/memory_tracker.py polls "
+    "'nvidia-smi --query-gpu=memory.used' every 0.1 s around each generate call (the model is "
+    "already loaded) and keeps the peak MiB * 1.048576 ('MB'); the table gives the max over the "
+    "10 repetitions (utils.make_report). The four precisions run one after another in one "
+    "process; each from_pretrained with a device_map goes through accelerate 0.28's "
+    "set_module_tensor_to_device, which calls torch.cuda.empty_cache(), so the previous "
+    "model's freed blocks are handed back before the next one is measured. seq_len = prompt + "
+    "512: the one-turn chat prompt is about 19 tokens (17 with Llama 2's tokenizer plus two "
+    "BOS, the template's and encode()'s; not printed). Generation samples and may stop at EOS "
+    "before 512 new tokens; the number generated is not logged."
+)
+
+_PREM_MODELS = {
+    # key tag: (Hub id, the README's heading, the README's memory row for the model)
+    "llama2_7b": (
+        "meta-llama/Llama-2-7b-chat-hf",
+        "Llama 2 7B Chat (32 layers, 32 KV heads: 0.5 MiB of fp16 KV cache per token)",
+        "29114.76 | 14931.72 | 8596.23 | 5643.44",
+    ),
+    "mistral_7b": (
+        "mistralai/Mistral-7B-Instruct-v0.1",
+        "Mistral 7B v0.1 Instruct (32 layers, 8 KV heads: 0.125 MiB of fp16 KV cache per token)",
+        "31071.4 | 15976.1 | 10963.91 | 5681.18",
+    ),
+}
+_PREM_PRECISIONS = {
+    # key tag: (the README's column, Case.precision, how bench.py loads it)
+    "fp32": ("float32", "fp32", "torch_dtype=torch.float32."),
+    "fp16": ("float16", "fp16", "torch_dtype=torch.float16."),
+    "int8": (
+        "int8",
+        "int8 (bitsandbytes LLM.int8, load_in_8bit=True)",
+        "BitsAndBytesConfig(load_in_8bit=True): LLM.int8 Linears, lm_head and the rest float16.",
+    ),
+    "int4": (
+        "int4",
+        "fp16 + bnb nf4-dq weights (transformers BitsAndBytesConfig, lm_head kept fp16)",
+        "nf4 with double quantization, fp16 compute; transformers keeps lm_head in float16.",
+    ),
+}
+
+_QWEN_SPEED = (
+    "QwenLM/Qwen2.5 docs/source/benchmark/speed_benchmark.rst @ "
+    "a912d239c2d0e2e5d10bb8d02e6f5685edb43e68 ('Qwen2.5 Speed Benchmark', the '(Transformer)' "
+    "tables, column 'GPU Memory(GB)'; the figures are unchanged from the first version, "
+    "0f0ecfb, 30 October 2024); script examples/speed-benchmark/speed_benchmark_transformers.py"
+    " and requirements-perf-transformers.txt @ b736067e557e3a9536f3ab9bcfafdb94fe1c36da"
+)
+_QWEN_SETUP = (
+    "The page: NVIDIA A100 80GB, CUDA 12.1, PyTorch 2.3.1, Flash Attention 2.5.8, "
+    "Transformers 4.46.0; batch size 1, 'the speed and memory of generating 2048 tokens with "
+    "the input lengths of 1, 6144, 14336, 30720 ...'; BF16 rows with 'GPU Num' 1. The page "
+    "does not name the statistic; the benchmark script the repository published for these "
+    "reports (its README points to this page; its pins are the page's environment: torch "
+    "2.3.1, flash-attention 2.5.8, transformers 4.46.0, AutoGPTQ 0.7.1) loads "
+    "AutoModelForCausalLM.from_pretrained(torch_dtype='auto' (bf16), device_map='auto', "
+    "attn_implementation='flash_attention_2'), builds an input of exactly context_length tokens "
+    "(the character '我' repeated; asserted), generates with the model's generation config, "
+    "max_new_tokens=2048 and min_length = input + 2048 (so exactly 2048 new tokens; asserted), "
+    "one input length per process, and prints the sum over GPUs of "
+    "torch.cuda.max_memory_allocated() / 1024**3, rounded to 4 places, as "
+    "'max_gpu_memory_cost_gb' (GiB; the page gives 2 decimals). The peak covers loading and "
+    "the one generate call. seq_len = input + 2048."
 )
 
 
@@ -3538,6 +3628,97 @@ _ALL: tuple[Case, ...] = (
             ),
         )
     ),
+    # --- Prem AI's engine benchmarks (transformers generate, A100 80GB, nvidia-smi) -------
+    *(
+        Case(
+            key=f"prem_{model_tag}_{tag}",
+            source=_PREM_README,
+            quote=f"[transformers (pytorch)](...) | {_PREM_MODELS[model_tag][2]}",
+            measured="nvidia-smi",
+            value_bytes=_mb(figure),
+            model=_PREM_MODELS[model_tag][0],
+            mode="inference",
+            method="inference",
+            precision=_PREM_PRECISIONS[tag][1],
+            batch_size=1,
+            seq_len=19 + 512,
+            gpu="A100 80GB (form factor not stated)",
+            framework="transformers 4.39.3 generate (premAI-io/benchmarks bench_pytorch)",
+            cuda_torch=(
+                "CUDA 12.1, torch 2.2.2, transformers 4.39.3, accelerate 0.28.0, "
+                "bitsandbytes 0.43.1"
+            ),
+            ambiguous=False,
+            notes=(
+                f"{_PREM_MODELS[model_tag][1]}, column {_PREM_PRECISIONS[tag][0]}: {figure} MB ="
+                f" {mib} MiB as nvidia-smi reported it (whole device, CUDA context included). "
+                f"{_PREM_PRECISIONS[tag][2]} How many tokens a repetition generated is not "
+                f"logged: between 1 and 512 new tokens the KV cache differs by at most {bound}, "
+                f"{share} of this figure. " + _PREM_SETUP
+            ),
+        )
+        for model_tag, tag, figure, mib, bound, share in (
+            ("llama2_7b", "fp32", "29114.76", "27766", "511 MiB (fp32)", "1.8%"),
+            ("llama2_7b", "fp16", "14931.72", "14240", "256 MiB (fp16)", "1.8%"),
+            ("llama2_7b", "int8", "8596.23", "8198", "256 MiB (fp16)", "3.1%"),
+            ("llama2_7b", "int4", "5643.44", "5382", "256 MiB (fp16)", "4.7%"),
+            ("mistral_7b", "fp32", "31071.4", "29632", "128 MiB (fp32)", "0.4%"),
+            ("mistral_7b", "fp16", "15976.1", "15236", "64 MiB (fp16)", "0.4%"),
+            ("mistral_7b", "int8", "10963.91", "10456", "64 MiB (fp16)", "0.6%"),
+            ("mistral_7b", "int4", "5681.18", "5418", "64 MiB (fp16)", "1.2%"),
+        )
+    ),
+    # --- Qwen2.5 speed benchmark (Alibaba Qwen team; transformers generate, A100 80GB) -----
+    *(
+        Case(
+            key=f"qwen25_{size.lower().replace('.', '_')}_in{context}",
+            source=_QWEN_SPEED,
+            quote=f"{context} | BF16 | 1 | {speed} | {figure}",
+            measured="max_memory_allocated",
+            value_bytes=_gib(figure),
+            model=f"Qwen/Qwen2.5-{size}-Instruct",
+            mode="inference",
+            method="inference",
+            precision="bf16",
+            batch_size=1,
+            seq_len=context + 2048,
+            gpu="NVIDIA A100 80GB",
+            attention="flash_attention_2",
+            framework="transformers 4.46.0 generate (QwenLM speed_benchmark_transformers.py)",
+            cuda_torch="CUDA 12.1, torch 2.3.1, flash-attn 2.5.8, transformers 4.46.0",
+            ambiguous=False,
+            notes=(
+                f"Table '{size} (Transformer)', row Qwen2.5-{size}-Instruct, input length "
+                f"{context}, BF16, 1 GPU: {speed} tokens/s, {figure} GB. " + _QWEN_SETUP
+            ),
+        )
+        for size, context, speed, figure in (
+            ("0.5B", 1, "47.40", "0.97"),
+            ("0.5B", 6144, "47.45", "1.23"),
+            ("0.5B", 14336, "47.11", "1.60"),
+            ("0.5B", 30720, "47.16", "2.34"),
+            ("1.5B", 1, "39.68", "2.95"),
+            ("1.5B", 6144, "40.88", "3.43"),
+            ("1.5B", 14336, "40.43", "4.16"),
+            ("1.5B", 30720, "38.59", "5.62"),
+            ("3B", 1, "30.80", "5.95"),
+            ("3B", 6144, "32.20", "6.59"),
+            ("3B", 14336, "31.72", "7.47"),
+            ("3B", 30720, "25.37", "9.30"),
+            ("7B", 1, "40.38", "14.38"),
+            ("7B", 6144, "38.76", "15.38"),
+            ("7B", 14336, "29.78", "16.91"),
+            ("7B", 30720, "18.83", "19.97"),
+            ("14B", 1, "24.74", "28.08"),
+            ("14B", 6144, "20.51", "29.50"),
+            ("14B", 14336, "13.92", "31.95"),
+            ("14B", 30720, "8.20", "36.85"),
+            ("32B", 1, "17.54", "61.58"),
+            ("32B", 6144, "12.49", "63.72"),
+            ("32B", 14336, "8.95", "67.31"),
+            ("32B", 30720, "5.59", "74.47"),
+        )
+    ),
 )
 
 # About a third of the fully specified cases, spread over the sources: nothing may be
@@ -3565,6 +3746,19 @@ _HELDOUT_KEYS = frozenset(
         "lq_falcon7b_nf4dq",
         "vit_l16_fp16mixed_bs64",
         "vit_l16_bf16true_mb4_ga4",
+        # chosen before torchfit's error on any Prem AI case was computed
+        "prem_llama2_7b_int8",
+        "prem_mistral_7b_fp32",
+        "prem_mistral_7b_int4",
+        # chosen before torchfit's error on any Qwen2.5 case was computed
+        "qwen25_0_5b_in14336",
+        "qwen25_1_5b_in6144",
+        "qwen25_3b_in30720",
+        "qwen25_7b_in1",
+        "qwen25_7b_in14336",
+        "qwen25_14b_in6144",
+        "qwen25_32b_in1",
+        "qwen25_32b_in30720",
     }
 )
 

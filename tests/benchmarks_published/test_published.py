@@ -140,3 +140,29 @@ def test_litgpt_quantizes_the_head_and_transformers_does_not():
     assert litgpt["quantize_head"] is True
     _, hf = published.setting(case("hf_octocoder_4bit"))
     assert "quantize_head" not in hf
+
+
+def test_prem_runs_use_the_base_config_and_keep_the_head_in_16_bits():
+    # BitsAndBytesConfig(load_in_4bit, nf4, double quant) through transformers: lm_head stays
+    model, kwargs = published.setting(case("prem_llama2_7b_int4"))
+    assert model == "llama-2-7b"
+    assert kwargs["dtype"] == "nf4"
+    assert kwargs["double_quant"] is True
+    assert "quantize_head" not in kwargs
+    assert kwargs["mode"] == "inference"
+    assert kwargs["seq_len"] == 19 + 512
+    model, kwargs = published.setting(case("prem_mistral_7b_fp16"))
+    assert model == "mistral-7b"
+    assert kwargs["dtype"] == "fp16"
+    assert published.source_of(case("prem_mistral_7b_fp16")) == "Prem AI engine benchmarks"
+    assert published.CARDS[case("prem_mistral_7b_fp16").gpu] == "A100 80GB"
+
+
+def test_qwen_speed_benchmark_runs_are_bf16_inference_of_input_plus_2048_tokens():
+    model, kwargs = published.setting(case("qwen25_3b_in6144"))
+    assert model == "qwen2.5-3b"
+    assert kwargs["dtype"] == "bf16"
+    assert kwargs["mode"] == "inference"
+    assert kwargs["seq_len"] == 6144 + 2048
+    assert published.source_of(case("qwen25_3b_in6144")) == "Qwen2.5 speed benchmark"
+    assert published.CARDS[case("qwen25_3b_in6144").gpu] == "A100 80GB"
