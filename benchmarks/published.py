@@ -315,6 +315,11 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
     if case.mode == "inference":
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
+        if case.attention is not None:
+            kwargs["attn_implementation"] = case.attention
+        if case.new_tokens is not None:  # generate(): the prompt, then one token at a time
+            kwargs["seq_len"] -= case.new_tokens
+            kwargs["max_new_tokens"] = case.new_tokens
         return model, kwargs
     _training(case, kwargs)
     return model, kwargs

@@ -160,6 +160,7 @@ _FITS = {
     "gradient_accumulation_steps": "accumulate", "set_to_none": "set_to_none",
     "keep_output": "keep_output", "optimizer_in_backward": "optimizer_in_backward",
     "cuda_version": "cuda_version", "context_bytes": "context", "loss_chunk_size": "loss_chunk",
+    "max_new_tokens": "new_tokens",
     "lora_rank": "lora_rank", "lora_targets": "lora_targets",
     "bitsandbytes_version": "bitsandbytes_version", "double_quant": "double_quant",
     "quantize_head": "quantize_head", "base_dtype": "base_dtype",
@@ -279,6 +280,7 @@ def _traced(args: argparse.Namespace, plan: Any) -> Any:
         "--trainable-params": settings.trainable_params is not None,
         "--lora-rank/--lora-targets": bool(settings.lora_rank or settings.lora_targets),
         "--loss-chunk": settings.loss_chunk_size is not None,
+        "--new-tokens": settings.max_new_tokens is not None,
         "--gpus/--strategy": settings.world_size > 1 or settings.strategy is not None,
         "--offload-optimizer/--offload-params": (
             settings.offload_optimizer or settings.offload_params

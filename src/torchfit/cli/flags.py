@@ -100,6 +100,13 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
     )
+    plan.add_argument(
+        "--new-tokens",
+        type=values.count,
+        default=None,
+        metavar="N",
+        help="with --inference: generate N tokens after the --seq prompt (model.generate)",
+    )
 
 
 _FOUR_BIT = frozenset({"nf4", "fp4", "int4"})

@@ -36,7 +36,13 @@ from torchfit.memory.catalog.resolve import (
     resolve_model,
     vision_input_shape,
 )
-from torchfit.memory.knobs import ESTIMATE_RULES, loop_of, lora_of, refuse_for_meta_pass
+from torchfit.memory.knobs import (
+    ESTIMATE_RULES,
+    check_generation,
+    loop_of,
+    lora_of,
+    refuse_for_meta_pass,
+)
 from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
@@ -77,6 +83,7 @@ def estimate(
     double_quant: bool = True,
     quantize_head: bool = False,
     base_dtype: str | DType | None = None,
+    max_new_tokens: int | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -122,6 +129,10 @@ def estimate(
             Trainer and Lightning drop it first (``False``).
         optimizer_in_backward: Each parameter steps as soon as its gradient is ready and
             the gradient is freed (torchtune's ``optimizer_in_bwd``).
+        max_new_tokens: Inference is ``model.generate(prompt, max_new_tokens=...)`` of a
+            ``seq_len``-token prompt, not one forward: the prompt's forward makes the last
+            position's logits only (transformers 4.45+), and the cache grows to ``seq_len
+            + max_new_tokens``; the peak is the prefill or the last decoding step.
         loss_chunk_size: The loss is computed in chunks of this many positions
             (torchtune's ``CEWithChunkedOutputLoss``: ``seq_len // 8``; LitGPT's
             ``chunked_cross_entropy``: 128), so backward makes one chunk's logit gradients
@@ -173,6 +184,7 @@ def estimate(
         in_backward=optimizer_in_backward,
         loss_chunk=loss_chunk_size,
     )
+    check_generation(max_new_tokens, mode=mode, use_cache=use_cache)
     dtype, mixed_precision = numerics.weights, numerics.mixed
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     resolved = resolve_model(model)
@@ -230,6 +242,7 @@ def estimate(
             double_quant=double_quant,
             quantize_head=quantize_head,
             base_dtype=_base_dtype(config, base_dtype),
+            new_tokens=max_new_tokens,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):
@@ -265,6 +278,7 @@ def estimate(
         adapters=adapters,
         frozen_dtype=frozen,
         loss_chunk=loss_chunk_size,
+        new_tokens=max_new_tokens,
         **options,
     )
 

@@ -7,13 +7,13 @@ from typing import Any
 
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
-from torchfit._core.step import Loop
+from torchfit._core.step import Loop, Mode, parse_mode
 from torchfit._core.units import parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.lora import LoraSetup, lora_setup
 
-__all__ = ["ESTIMATE_RULES", "lora_of", "loop_of", "refuse_for_meta_pass"]
+__all__ = ["ESTIMATE_RULES", "check_generation", "lora_of", "loop_of", "refuse_for_meta_pass"]
 
 #: The door's rules for the arguments `estimate` and `fits` share (one definition).
 ESTIMATE_RULES: dict[str, checks.Rule] = {
@@ -24,6 +24,7 @@ ESTIMATE_RULES: dict[str, checks.Rule] = {
     "attn_implementation": checks.parsed(parse_attention, kinds=(str,)),
     "gradient_accumulation_steps": checks.whole(at_least=1),
     "loss_chunk_size": checks.whole(at_least=1),
+    "max_new_tokens": checks.whole(at_least=1),
     "lora_rank": checks.whole(at_least=1),
     "lora_dropout": checks.number(at_least=0, below=1),
     "bitsandbytes_version": checks.parsed(keeps_4bit_input),
@@ -85,4 +86,20 @@ def refuse_for_meta_pass(*, lora: bool, chunked: bool) -> None:
             "loss_chunk_size is modelled for transformers language models only (the loss of "
             "any other model is its own code); for this model trace your own training step "
             "with torchfit.memory.trace_step"
+        )
+
+
+def check_generation(new_tokens: int | None, *, mode: str, use_cache: bool | None) -> None:
+    """``max_new_tokens`` describes ``generate``: inference with a cache only."""
+    if new_tokens is None:
+        return
+    if parse_mode(mode) is not Mode.INFERENCE:
+        raise ValueError(
+            f"max_new_tokens={new_tokens} describes generation, but mode={mode!r}; pass "
+            "mode='inference' or leave max_new_tokens out"
+        )
+    if use_cache is False:
+        raise ValueError(
+            f"max_new_tokens={new_tokens} generates with a KV cache, but use_cache=False; "
+            "drop use_cache=False (generate always caches here) or leave max_new_tokens out"
         )

@@ -25,23 +25,21 @@ from torchfit.memory.analytic.blocks import (
     Term,
     block_terms,
     head_terms,
-    inference_transient,
     mlp_backward_width,
 )
 from torchfit.memory.analytic.formulas import (
     FP32,
     INT64,
     ModelStates,
-    kv_cache_bytes,
     model_state_bytes,
     parse_attention,
 )
+from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
     moe_backward_width,
     moe_block_terms,
-    moe_inference_transient,
 )
 from torchfit.memory.analytic.quantized import dequantized_weight_bytes
 from torchfit.memory.analytic.states import (
@@ -96,13 +94,7 @@ def _mlp_backward_width(spec: TransformerSpec) -> float:
     return moe_backward_width(spec) if spec.moe is not None else mlp_backward_width(spec)
 
 
-def _inference_transient(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> float:
-    if spec.moe is not None:
-        return moe_inference_transient(spec, seq_len, settings)
-    return inference_transient(spec, seq_len, settings)
-
-
-# --- end of the MoE hook ----------------------------------------------------------------
+# --- end of the MoE hook (inference: analytic/inference.py) -------------------------------
 
 
 def estimate_transformer(
@@ -129,6 +121,7 @@ def estimate_transformer(
     double_quant: bool = True,
     quantize_head: bool = False,
     base_dtype: DType | None = None,
+    new_tokens: int | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
@@ -205,7 +198,7 @@ def estimate_transformer(
             f"{dequantized:,} bytes at most"
         )
     if not training:
-        return _inference(
+        return inference_estimate(
             spec,
             settings,
             batch_size=batch_size,
@@ -214,6 +207,7 @@ def estimate_transformer(
             use_cache=use_cache,
             notes=notes,
             dequantized=dequantized,
+            new_tokens=new_tokens,
         )
 
     if opt.paged and device == "cuda":
@@ -355,50 +349,4 @@ def _training_peak(
         notes=tuple(notes),
         layers=layers if act else (),
         peak_at=peak_at,
-    )
-
-
-def _inference(
-    spec: TransformerSpec,
-    settings: BlockSettings,
-    *,
-    batch_size: int,
-    seq_len: int,
-    weights: int,
-    use_cache: bool | None,
-    notes: list[str],
-    dequantized: int = 0,
-) -> MemoryEstimate:
-    tokens = batch_size * seq_len
-    e = settings.dtype.itemsize
-    cache = spec.family.value != "bert" if use_cache is None else use_cache
-    kv = (
-        kv_cache_bytes(
-            batch_size=batch_size,
-            seq_len=seq_len,
-            num_layers=spec.num_layers,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            dtype=settings.dtype,
-            sliding_window=spec.sliding_window,
-        )
-        if cache
-        else 0
-    )
-    if cache:
-        notes.append("inference returns the KV cache of every layer")
-    transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
-    logits = math.ceil(tokens * spec.vocab * e)
-    # Alive through the whole forward: the additive 4D mask eager attention builds
-    # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.
-    mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
-    rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
-    return MemoryEstimate(
-        weights=weights,
-        activations=max(transient, logits + math.ceil(tokens * spec.hidden * e)) + dequantized,
-        kv_cache=kv,
-        overhead=math.ceil(tokens * INT64 + mask + rope),
-        device=settings.device,
-        notes=tuple(notes),
-        peak_at="forward",
     )

@@ -9,6 +9,7 @@ reported apart.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch import nn
 from torchfit._core.step import Loop, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.analytic.generation import generation_moments
 from torchfit.memory.analytic.states import chunked_loss_peak
 from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
 from torchfit.memory.catalog.inputs import (
@@ -64,6 +66,7 @@ def by_meta_pass(
     adapters: dict[str, Any] | None = None,
     frozen_dtype: DType | None = None,
     loss_chunk: int | None = None,
+    new_tokens: int | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
@@ -78,7 +81,9 @@ def by_meta_pass(
     tracer on BLOOM, Falcon, T5, GPTBigCode, OPT, GPT-NeoX and Gemma 2.
 
     With ``loss_chunk`` (training), a causal LM's head and loss run that many positions at
-    a time (`ChunkedLoss`), and those gradients are one chunk's.
+    a time (`ChunkedLoss`), and those gradients are one chunk's. With ``new_tokens``
+    (inference), the prompt's forward asks for the last position's logits only, as
+    ``generate`` does, and `generation_moments` adds the decoding steps.
     """
     limit = sequence_limit(config)
     seq = seq_len if seq_len is not None else limit or DEFAULT_SEQUENCE
@@ -95,6 +100,8 @@ def by_meta_pass(
     batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
     chunk = loss_chunk if training and "labels" in batch else None
     run = model if chunk is None else ChunkedLoss(model, chunk=chunk)
+    if new_tokens is not None and not training:
+        run = LastLogits(model)
     with experts_on_fake_tensors():
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
     built = type(_meta_model(config, attention)).__name__
@@ -134,7 +141,49 @@ def by_meta_pass(
         )
     if not training:
         found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
+    if not training and new_tokens is not None:
+        found = _generation(found, model, batch, parse_dtype(options["dtype"]), new_tokens)
     return found.replace(notes=(method, *found.notes))
+
+
+class LastLogits(nn.Module):
+    """``model``'s forward as ``generate`` calls it on the prompt: the last logits only."""
+
+    def __init__(self, model: nn.Module) -> None:
+        """Wrap ``model`` (its parameters are this module's)."""
+        super().__init__()
+        self.model = model
+        self.keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def forward(self, **inputs: Any) -> Any:
+        """The forward with ``logits_to_keep=1`` where the model takes it."""
+        return self.model(**inputs, **({"logits_to_keep": 1} if self.keeps else {}))
+
+
+def _generation(
+    found: MemoryEstimate, model: nn.Module, batch: dict[str, Any], dtype: DType, new_tokens: int
+) -> MemoryEstimate:
+    """The prompt's pass (``found``, its cache apart) and the decoding steps after it."""
+    ids = batch["input_ids"]
+    longer = {**batch, "input_ids": ids.new_empty((ids.shape[0], ids.shape[1] + new_tokens))}
+    itemsize = 2 if dtype.is_quantized else dtype.itemsize
+    lm: Any = model
+    moments = generation_moments(
+        prefill=found.activations,
+        kv_prompt=found.kv_cache,
+        kv_total=_cache_bytes(model, longer, dtype),
+        num_layers=int(getattr(lm.config, "num_hidden_layers", 1) or 1),
+        rows=int(ids.shape[0]),
+        vocab=int(lm.get_output_embeddings().weight.shape[0]),
+        itemsize=itemsize,
+        new_tokens=new_tokens,
+    )
+    return found.replace(
+        activations=moments.activations,
+        kv_cache=moments.kv_cache,
+        notes=(*found.notes, moments.note),
+        peak_at=moments.peak_at,
+    )
 
 
 def _cache_apart(
@@ -146,11 +195,7 @@ def _cache_apart(
     cross-attention ones over the encoder's sequence, as one more meta forward returns
     them (the model is built in fp32: scaled to the compute dtype).
     """
-    with torch.no_grad(), experts_on_fake_tensors():
-        output = model(**batch, use_cache=True)
-    cache = getattr(output, "past_key_values", None)
-    leaves = [t for t in _tensors(cache) if t.is_floating_point()]
-    kv = math.ceil(sum(t.numel() for t in leaves) * (2 if dtype.is_quantized else dtype.itemsize))
+    kv = _cache_bytes(model, batch, dtype)
     if not kv or kv > found.activations:
         return found
     what = (
@@ -162,6 +207,19 @@ def _cache_apart(
     return found.replace(
         activations=found.activations - kv, kv_cache=kv, notes=(*found.notes, note)
     )
+
+
+def _cache_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
+    """Bytes of the KV cache one more meta forward of ``batch`` returns, in ``dtype``.
+
+    The model is built in fp32: sizes are scaled to the compute dtype (16-bit when the
+    weights are quantized).
+    """
+    with torch.no_grad(), experts_on_fake_tensors():
+        output = LastLogits(model)(**batch, use_cache=True)
+    cache = getattr(output, "past_key_values", None)
+    leaves = [t for t in _tensors(cache) if t.is_floating_point()]
+    return math.ceil(sum(t.numel() for t in leaves) * (2 if dtype.is_quantized else dtype.itemsize))
 
 
 def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:

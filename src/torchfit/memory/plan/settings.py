@@ -36,6 +36,7 @@ class Settings:
     cuda_version: str | None = None
     context_bytes: int | None = None
     loss_chunk_size: int | None = None
+    max_new_tokens: int | None = None
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] | None = None
     lora_dropout: float | None = None
@@ -57,6 +58,7 @@ class Settings:
             "keep_output": self.keep_output,
             "optimizer_in_backward": self.optimizer_in_backward,
             "loss_chunk_size": self.loss_chunk_size,
+            "max_new_tokens": self.max_new_tokens,
             "lora_rank": self.lora_rank,
             "lora_targets": self.lora_targets,
             "lora_dropout": self.lora_dropout,

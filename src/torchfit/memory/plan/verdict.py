@@ -251,6 +251,7 @@ def fits(
     cuda_version: str | None = None,
     context_bytes: int | str | None = None,
     loss_chunk_size: int | None = None,
+    max_new_tokens: int | None = None,
     lora: Any = None,
     lora_rank: int | None = None,
     lora_targets: str | Sequence[str] | None = None,
@@ -303,6 +304,8 @@ def fits(
         context_bytes: The CUDA context you measured (``"420MiB"``), instead of the model;
             ``"measure"`` measures it on this machine's GPU (`measure_cuda_context`).
         loss_chunk_size: A loss computed in chunks of this many positions; see `estimate`.
+        max_new_tokens: Inference is ``generate`` of that many tokens after a ``seq_len``
+            prompt; see `estimate`.
         lora: A ``peft.LoraConfig`` (its r, target_modules and lora_dropout); or
         lora_rank: LoRA rank, and
         lora_targets: the Linears that get adapters (see `estimate`); a 4/8-bit base
@@ -362,6 +365,7 @@ def fits(
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=given_context(context_bytes),
         loss_chunk_size=loss_chunk_size,
+        max_new_tokens=max_new_tokens,
         **_lora_settings(lora, lora_rank, lora_targets, lora_dropout),
         bitsandbytes_version=bitsandbytes_version,
         double_quant=double_quant,

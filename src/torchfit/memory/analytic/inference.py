@@ -1,0 +1,100 @@
+"""The closed-form inference estimate: a forward over the prompt, or ``generate``.
+
+Split from `torchfit.memory.analytic.transformer` (which calls `inference_estimate`):
+the forward's transient per block comes from `blocks.inference_transient` (or the MoE
+hook's), the cache from `formulas.kv_cache_bytes`, and generation's two moments from
+`generation.generation_moments`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.blocks import BlockSettings, inference_transient
+from torchfit.memory.analytic.formulas import INT64, kv_cache_bytes
+from torchfit.memory.analytic.generation import generation_moments
+from torchfit.memory.analytic.moe import moe_inference_transient
+from torchfit.memory.result import MemoryEstimate
+
+__all__ = ["inference_estimate"]
+
+
+def _inference_transient(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> float:
+    if spec.moe is not None:
+        return moe_inference_transient(spec, seq_len, settings)
+    return inference_transient(spec, seq_len, settings)
+
+
+def inference_estimate(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    batch_size: int,
+    seq_len: int,
+    weights: int,
+    use_cache: bool | None,
+    notes: list[str],
+    dequantized: int = 0,
+    new_tokens: int | None = None,
+) -> MemoryEstimate:
+    """The inference peak: one forward over ``seq_len`` tokens, or ``generate`` after it.
+
+    Without ``new_tokens``: the forward's largest in-block transient, or its logits for
+    every position beside the last hidden states; the cache it returns apart. With
+    ``new_tokens``: `generation_moments` of that prompt.
+    """
+    tokens = batch_size * seq_len
+    e = settings.dtype.itemsize
+    cache = spec.family.value != "bert" if use_cache is None else use_cache
+    kv = _kv(spec, settings, batch_size=batch_size, seq_len=seq_len) if cache else 0
+    if cache:
+        notes.append("inference returns the KV cache of every layer")
+    transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
+    logits = math.ceil(tokens * spec.vocab * e)
+    # Alive through the whole forward: the additive 4D mask eager attention builds
+    # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.
+    mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
+    rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
+    hidden = math.ceil(tokens * spec.hidden * e)
+    found = MemoryEstimate(
+        weights=weights,
+        activations=max(transient, logits + hidden) + dequantized,
+        kv_cache=kv,
+        overhead=math.ceil(tokens * INT64 + mask + rope),
+        device=settings.device,
+        notes=tuple(notes),
+        peak_at="forward",
+    )
+    if new_tokens is None:
+        return found
+    moments = generation_moments(
+        prefill=max(transient, hidden) + dequantized,
+        kv_prompt=kv,
+        kv_total=_kv(spec, settings, batch_size=batch_size, seq_len=seq_len + new_tokens),
+        num_layers=spec.num_layers,
+        rows=batch_size,
+        vocab=spec.vocab,
+        itemsize=e,
+        new_tokens=new_tokens,
+        decode_extra=dequantized if batch_size > 1 else 0,
+    )
+    return found.replace(
+        activations=moments.activations,
+        kv_cache=moments.kv_cache,
+        notes=(*notes, moments.note),
+        peak_at=moments.peak_at,
+    )
+
+
+def _kv(spec: TransformerSpec, settings: BlockSettings, *, batch_size: int, seq_len: int) -> int:
+    """The KV cache of every layer for ``seq_len`` positions (sliding windows capped)."""
+    return kv_cache_bytes(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=settings.dtype,
+        sliding_window=spec.sliding_window,
+    )
