@@ -24,6 +24,7 @@ __all__ = [
     "Plan",
     "QuantSettings",
     "QuantType",
+    "default_skip",
     "is_hf",
     "make_plan",
     "out_in",
@@ -154,6 +155,15 @@ def _hf_defaults(model: nn.Module) -> list[str]:
     raise ImportError(  # pragma: no cover - every supported transformers has one
         "this transformers has no get_keys_to_not_convert; pip install -U 'torchfit[quantize]'"
     )
+
+
+def default_skip(model: nn.Module) -> list[str]:
+    """The skip list transformers' bitsandbytes loading gives a transformers ``model``.
+
+    The output head, tied embeddings, the module of the last parameter and the model's
+    ``_keep_in_fp32_modules`` (`make_plan` merges the user's entries into it).
+    """
+    return _hf_defaults(model)
 
 
 def _fp32_modules(model: nn.Module) -> list[str]:

@@ -11,7 +11,8 @@ Hub). Then:
   (`torchfit.memory.modules`);
 * any other transformers architecture (T5, BART, Whisper, BLOOM, Falcon, OPT,
   GPT-NeoX, Gemma 2, ...) to a meta-device pass of the model built from its config,
-  with token ids of ``(batch, seq)`` as its input.
+  with token ids of ``(batch, seq)`` as its input; a bitsandbytes 4/8-bit base there
+  takes bitsandbytes' layout (`torchfit.memory.modules.quantized`).
 
 None of them builds the model in memory. The first note of the estimate says which
 path produced the numbers (``method: ...``).
@@ -26,6 +27,7 @@ from torchfit._core import checks
 from torchfit._core.step import OptimizerName, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import describe, has_closed_form
+from torchfit.memory.analytic.quantized import check_quantize_head
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
     recorded_dtype,
@@ -45,6 +47,7 @@ from torchfit.memory.knobs import (
 )
 from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.modules.peak import estimate_module
+from torchfit.memory.modules.quantized import quantized_meta_pass
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["estimate"]
@@ -254,7 +257,6 @@ def estimate(
         "gradient_checkpointing": gradient_checkpointing,
         "trainable_params": trainable_params is not None,
         "frozen_base": bool(frozen_base),
-        "quantized weights": parse_dtype(dtype).is_quantized,
     }
     asked = [name for name, on in unsupported.items() if on]
     if asked:
@@ -268,6 +270,20 @@ def estimate(
         if wants_lora
         else None
     )
+    weights = parse_dtype(dtype)
+    if weights.is_quantized:
+        return quantized_meta_pass(
+            config,
+            weights=weights,
+            seq_len=seq_len,
+            attention=attn_implementation,
+            adapters=adapters,
+            double_quant=double_quant,
+            head=quantize_head,
+            bitsandbytes_version=bitsandbytes_version,
+            **{**options, "dtype": numerics.compute},
+        )
+    check_quantize_head(weights, head=quantize_head, tied=False)
     # autocast (the default for 16-bit training) keeps fp32 masters of what trains only
     mixed = parse_dtype(dtype).bits == 16 if mixed_precision is None else mixed_precision
     frozen = _base_dtype(config, base_dtype) if wants_lora and mixed else None

@@ -9,13 +9,24 @@ the compute dtype (transformers keeps ``lm_head`` and tied embeddings unquantize
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.moe import moe_linear_shapes
 
-__all__ = ["block_linear_shapes", "dequantized_weight_bytes", "quantized_weight_bytes"]
+__all__ = [
+    "block_linear_shapes",
+    "check_quantize_head",
+    "dequantized_bytes",
+    "dequantized_weight_bytes",
+    "linear_bytes",
+    "quantized_weight_bytes",
+]
+
+#: A Linear's ``(out_features, in_features)``.
+Shape = tuple[int, int]
 
 
 def block_linear_shapes(spec: TransformerSpec) -> list[tuple[int, int]]:
@@ -59,22 +70,68 @@ def quantized_weight_bytes(
         3.6
     """
     shapes = block_linear_shapes(spec)
+    check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
     if head:
-        if spec.tied_embeddings:
-            raise ValueError(
-                "quantize_head=True, but this model's output head is its input embedding "
-                "(tied), which bitsandbytes does not quantize; drop quantize_head"
-            )
         shapes = [*shapes, (spec.vocab, spec.hidden)]  # a Linear4bit/8bitLt head
-    quantized = 0
+    rest = spec.num_params - sum(o * i for o, i in shapes)
+    return linear_bytes(shapes, weights, double_quant=double_quant) + int(rest * compute.itemsize)
+
+
+def check_quantize_head(weights: DType, *, head: bool, tied: bool) -> None:
+    """Refuse ``quantize_head=True`` with unquantized weights or a tied output head.
+
+    Example:
+        >>> check_quantize_head(DType.NF4, head=True, tied=False)  # a separate head: fine
+        >>> check_quantize_head(DType.BF16, head=True, tied=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: quantize_head=True needs quantized weights (dtype='nf4' or 'int8'); ...
+    """
+    if not head:
+        return
+    if not weights.is_quantized:
+        raise ValueError(
+            f"quantize_head=True needs quantized weights (dtype='nf4' or 'int8'); "
+            f"got dtype={weights.value!r}"
+        )
+    if tied:
+        raise ValueError(
+            "quantize_head=True, but this model's output head is its input embedding "
+            "(tied), which bitsandbytes does not quantize; drop quantize_head"
+        )
+
+
+def linear_bytes(shapes: Iterable[Shape], weights: DType, *, double_quant: bool = True) -> int:
+    """Bytes of Linear weights of ``shapes`` in bitsandbytes' ``weights`` format, scales included.
+
+    LLM.int8 (`linear8bit_bytes`) for ``int8``, else 4-bit (`linear4bit_bytes`: NF4 and
+    FP4 have the same layout), with or without double quantization.
+
+    Example:
+        >>> linear_bytes([(64, 64)], DType.NF4, double_quant=False), 64 * 64 // 2 + 64 * 4 + 64
+        (2368, 2368)
+        >>> linear_bytes([(64, 64), (128, 64)], DType.INT8), (64 + 128) * (64 + 4)
+        (13056, 13056)
+    """
+    total = 0
     for out_features, in_features in shapes:
         if weights is DType.INT8:
             codes, scales = linear8bit_bytes(out_features, in_features)
         else:
             codes, scales = linear4bit_bytes(out_features * in_features, double_quant=double_quant)
-        quantized += codes + scales
-    rest = spec.num_params - sum(o * i for o, i in shapes)
-    return quantized + int(rest * compute.itemsize)
+        total += codes + scales
+    return total
+
+
+def dequantized_bytes(shapes: Iterable[Shape], compute: DType) -> int:
+    """Bytes of the largest of ``shapes`` as one ``compute`` copy (see `dequantized_weight_bytes`).
+
+    Example:
+        >>> dequantized_bytes([(64, 64), (256, 64)], DType.BF16)
+        32768
+    """
+    largest = max((out_f * in_f for out_f, in_f in shapes), default=0)
+    return math.ceil(largest * compute.itemsize)
 
 
 def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: bool = False) -> int:
@@ -94,7 +151,7 @@ def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: boo
         >>> dequantized_weight_bytes(spec, DType.BF16), 11008 * 4096 * 2
         (90177536, 90177536)
     """
-    largest = max(out_f * in_f for out_f, in_f in block_linear_shapes(spec))
+    shapes = block_linear_shapes(spec)
     if head:
-        largest = max(largest, spec.vocab * spec.hidden)
-    return math.ceil(largest * compute.itemsize)
+        shapes = [*shapes, (spec.vocab, spec.hidden)]
+    return dequantized_bytes(shapes, compute)

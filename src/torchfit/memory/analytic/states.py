@@ -133,16 +133,15 @@ def weight_bytes(
     head: bool = False,
 ) -> int:
     """Weight bytes: the model states', or a quantized base plus its adapters."""
+    from torchfit.memory.analytic.quantized import (  # noqa: PLC0415
+        check_quantize_head,
+        quantized_weight_bytes,
+    )
+
     if not weights.is_quantized:
-        if head:
-            raise ValueError(
-                f"quantize_head=True needs quantized weights (dtype='nf4' or 'int8'); "
-                f"got dtype={weights.value!r}"
-            )
+        check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
         notes.append(states.note)
         return states.weights
-    from torchfit.memory.analytic.quantized import quantized_weight_bytes  # noqa: PLC0415
-
     held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant, head=head)
     # the adapters, at full precision beside the frozen quantized base
     held += math.ceil(adapters * (4 if mixed else compute.itemsize))

@@ -1,0 +1,222 @@
+"""A bitsandbytes 4/8-bit base in the meta-device pass, for any transformers architecture.
+
+A model without a closed form (Falcon, GPTBigCode, BLOOM, T5, ...) is run on the meta
+device in its compute dtype (`by_meta_pass`), as a 16-bit model would be: what bitsandbytes'
+matmuls save for backward is what a frozen 16-bit Linear saves (bitsandbytes 0.43.2 and
+later). This module puts in place of the 16-bit weights what bitsandbytes holds:
+
+* the layers transformers hands to bitsandbytes: every ``nn.Linear`` and transformers
+  ``Conv1D`` outside transformers' default skip list (the output head, tied embeddings,
+  the module of the last parameter, ``_keep_in_fp32_modules``), each in bitsandbytes'
+  layout with the closed form's rule (`torchfit.memory.analytic.quantized.linear_bytes`);
+  ``quantize_head`` adds the head;
+* every other parameter in the compute dtype, as the closed form counts it, and the
+  adapters in fp32 under mixed precision;
+* on CUDA, as the closed form adds it, the compute-dtype copy of the largest 4-bit weight
+  that ``MatMul4Bit`` dequantizes for one matmul (`dequantized_bytes`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from typing import Any
+
+from torch import nn
+
+from torchfit._bnb.layout import keeps_4bit_input
+from torchfit._bnb.selection import default_skip, out_in, skip_matches
+from torchfit._core.step import Mode, parse_mode
+from torchfit._core.units import DType, parse_dtype
+from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.analytic.quantized import check_quantize_head, dequantized_bytes, linear_bytes
+from torchfit.memory.modules.adapters import with_adapters
+from torchfit.memory.modules.configs import _meta_model, by_meta_pass
+from torchfit.memory.result import MemoryEstimate
+
+__all__ = ["meta_quantized_weight_bytes", "quantized_linears", "quantized_meta_pass"]
+
+
+def _replaced(module: nn.Module) -> bool:
+    """A layer bitsandbytes replaces: an ``nn.Linear`` (subclasses too) or transformers' Conv1D.
+
+    transformers 4.x replaced every ``isinstance(module, nn.Linear)``; 5.x replaces the
+    exact class only (``type(module) is nn.Linear``), which leaves subclasses such as
+    Falcon's ``FalconLinear`` in 16 bits. The estimate counts them quantized and says so
+    (`_subclass_note`).
+    """
+    cls = type(module)
+    return isinstance(module, nn.Linear) or (
+        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
+    )
+
+
+def quantized_linears(
+    model: nn.Module, weights: DType, *, head: bool = False
+) -> dict[str, tuple[int, int]]:
+    """``{module name: (out_features, in_features)}`` of the layers bitsandbytes quantizes.
+
+    ``model`` is a transformers model (on the meta device will do), without adapters.
+
+    Raises:
+        ValueError: ``head`` with a tied or missing output head, or nothing to quantize.
+    """
+    modules = dict(model.named_modules())
+    hf: Any = model  # a transformers PreTrainedModel
+    output = hf.get_output_embeddings()
+    inputs = hf.get_input_embeddings()
+    tied = output is not None and inputs is not None and output.weight is inputs.weight
+    check_quantize_head(weights, head=head, tied=tied)
+    skip = default_skip(model)
+    found = {
+        name: out_in(module)
+        for name, module in modules.items()
+        if name and _replaced(module) and not any(skip_matches(key, name) for key in skip)
+    }
+    if head:
+        if output is None or not _replaced(output):
+            raise ValueError(
+                f"quantize_head=True, but {type(model).__name__} has no nn.Linear output "
+                "head to quantize; drop quantize_head"
+            )
+        name = next(n for n, m in modules.items() if m is output)
+        found[name] = out_in(output)
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has nothing bitsandbytes would quantize: every "
+            f"nn.Linear/Conv1D is in transformers' skip list ({skip}); use dtype='bf16'"
+        )
+    return found
+
+
+def meta_quantized_weight_bytes(
+    model: nn.Module,
+    weights: DType,
+    compute: DType,
+    *,
+    double_quant: bool = True,
+    head: bool = False,
+) -> int:
+    """Bytes of ``model``'s parameters once loaded with bitsandbytes ``weights``.
+
+    The quantized layers (`quantized_linears`) in bitsandbytes' layout, their biases and
+    every other parameter in ``compute``, each parameter once (tied ones share), as the
+    closed form counts them. ``_keep_in_fp32_modules`` (T5's ``wo``) stay in ``compute``
+    too: transformers 5 skips quantizing them but loads them in the checkpoint's bf16.
+    Buffers are not counted (neither are they in the closed form or the 16-bit pass).
+    """
+    layers = quantized_linears(model, weights, head=head)
+    quantized = {f"{name}.weight" for name in layers}
+    rest = sum(p.numel() for name, p in model.named_parameters() if name not in quantized)
+    held = linear_bytes(layers.values(), weights, double_quant=double_quant)
+    return held + math.ceil(rest * compute.itemsize)
+
+
+def quantized_meta_pass(
+    config: Any,
+    *,
+    weights: DType,
+    seq_len: int | None,
+    attention: str,
+    adapters: dict[str, Any] | None,
+    double_quant: bool,
+    head: bool,
+    bitsandbytes_version: str | None,
+    **options: Any,
+) -> MemoryEstimate:
+    """`by_meta_pass` with the base in bitsandbytes ``weights`` (``options["dtype"]`` computes).
+
+    Training without adapters assumes PEFT's default LoRA, as the closed form does.
+
+    Raises:
+        ValueError: a bitsandbytes that keeps every 4-bit input (before 0.43.2) for a
+            training step, which the pass does not model; see also `quantized_linears`.
+    """
+    compute = parse_dtype(options["dtype"])
+    training = parse_mode(options["mode"]) is Mode.TRAIN
+    if training and weights.bits == 4 and keeps_4bit_input(bitsandbytes_version):
+        raise ValueError(
+            f"bitsandbytes_version={bitsandbytes_version or 'installed'!r}: bitsandbytes "
+            "before 0.43.2 keeps every 4-bit Linear's input for backward, which the "
+            f"meta-device pass of model_type {config.model_type!r} does not model; pass "
+            "bitsandbytes_version='0.43.2' or later (or upgrade bitsandbytes)"
+        )
+    notes: list[str] = []
+    if training and adapters is None:
+        adapters = {}
+    base = _meta_model(config, attention)
+    layers = quantized_linears(base, weights, head=head)
+    found = by_meta_pass(config, seq_len=seq_len, attention=attention, adapters=adapters, **options)
+    trainable = 0
+    if adapters is not None:
+        wrapped = with_adapters(base, **adapters)
+        trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+        if not adapters:
+            lora: Any = getattr(wrapped, "peft_config", {})["default"]
+            notes.append(
+                f"{weights.value} weights train through adapters: assumed PEFT's default "
+                f"LoRA, r={lora.r} on {', '.join(sorted(lora.target_modules))} (set "
+                "lora_rank=/lora_targets=)"
+            )
+    mixed = options.get("mixed_precision")
+    mixed = training and compute.bits == 16 if mixed is None else mixed
+    held = meta_quantized_weight_bytes(
+        base, weights, compute, double_quant=double_quant, head=head
+    ) + math.ceil(trainable * (FP32 if mixed else compute.itemsize))
+    nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    notes.append(
+        f"{len(layers)} Linear layers{' (the head too)' if head else ''} in "
+        f"{weights.value}{nested} (bitsandbytes' layout); embeddings, norms, biases"
+        f"{'' if head else ', head'} in {compute.value}"
+    )
+    notes += _subclass_note(base, layers)
+    found = found.replace(weights=held, notes=_restated(found.notes, trainable))
+    one_token = options["batch_size"] == 1 and seq_len == 1  # gemv_4bit: no copy
+    if weights.bits == 4 and options.get("device") == "cuda" and (training or not one_token):
+        copy = dequantized_bytes(layers.values(), compute)
+        notes.append(
+            f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: {copy:,} "
+            "bytes at most"
+        )
+        if not training:
+            found = found.replace(activations=found.activations + copy)
+        elif found.peak_at != "optimizer step":
+            found = found.replace(workspace=found.workspace + copy)
+    if weights is DType.INT8:
+        notes.append(
+            "LLM.int8: nothing added for bitsandbytes' matmul (as in the closed form): not "
+            "its int8/fp16 copies of the input, nor the 16-bit weight copy its backward makes"
+        )
+    return found.replace(notes=(*found.notes, *notes))
+
+
+def _restated(notes: tuple[str, ...], trainable: int) -> tuple[str, ...]:
+    """The pass's notes, its note on the model states said of the adapters (or dropped)."""
+    kept = []
+    for note in notes:
+        if note.startswith("weights in "):  # inference: the quantized note says it
+            continue
+        if note.startswith(("mixed precision: fp32 weights", "weights, gradients and optim")):
+            if not trainable:
+                continue
+            note = f"adapters ({trainable:,} parameters): {note}"  # noqa: PLW2901
+        kept.append(note)
+    return tuple(kept)
+
+
+def _subclass_note(model: nn.Module, layers: dict[str, tuple[int, int]]) -> list[str]:
+    """Say so when subclasses of nn.Linear are counted quantized (transformers 5 skips them)."""
+    modules = dict(model.named_modules())
+    kinds = sorted(
+        {type(modules[n]).__name__ for n in layers if type(modules[n]) is not nn.Linear}
+        - {"Conv1D"}
+    )
+    version = importlib.metadata.version("transformers")
+    if not kinds or int(version.split(".")[0]) < 5:
+        return []
+    note = (
+        f"{', '.join(kinds)} layers counted quantized, as transformers 4.x replaces every "
+        f"nn.Linear; transformers {version} replaces the exact class only and would load "
+        "them unquantized"
+    )
+    return [note]
