@@ -108,7 +108,7 @@ _ESTIMATE = {
     "keep_output": FLAG, "optimizer_in_backward": FLAG, "loss_chunk_size": COUNT,
     "lora": FREE, "lora_rank": COUNT, "lora_targets": NAME, "lora_dropout": FRACTION,
     "bitsandbytes_version": NAME, "double_quant": FLAG, "quantize_head": FLAG,
-    "base_dtype": DTYPE,
+    "base_dtype": DTYPE, "max_new_tokens": COUNT,
 }  # fmt: skip
 _SHARD = {
     "estimate": Kind("estimate", (1000, "1GB", None, {"weights": 1})),

@@ -281,6 +281,8 @@ def estimate(
             double_quant=double_quant,
             head=quantize_head,
             bitsandbytes_version=bitsandbytes_version,
+            loss_chunk=loss_chunk_size,
+            new_tokens=max_new_tokens,
             **{**options, "dtype": numerics.compute},
         )
     check_quantize_head(weights, head=quantize_head, tied=False)

@@ -178,7 +178,8 @@ def quantized_meta_pass(
             f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: {copy:,} "
             "bytes at most"
         )
-        if not training:
+        decoding = found.peak_at == "last decoding step" and options["batch_size"] == 1
+        if not training and not decoding:  # one token at a time: gemv_4bit, no copy
             found = found.replace(activations=found.activations + copy)
         elif found.peak_at != "optimizer step":
             found = found.replace(workspace=found.workspace + copy)
