@@ -150,7 +150,8 @@ def test_prem_runs_use_the_base_config_and_keep_the_head_in_16_bits():
     assert kwargs["double_quant"] is True
     assert "quantize_head" not in kwargs
     assert kwargs["mode"] == "inference"
-    assert kwargs["seq_len"] == 19 + 512
+    assert (kwargs["seq_len"], kwargs["max_new_tokens"]) == (19, 512)  # generate()
+    assert case("prem_llama2_7b_int4").ambiguous  # how many tokens were generated: not logged
     model, kwargs = published.setting(case("prem_mistral_7b_fp16"))
     assert model == "mistral-7b"
     assert kwargs["dtype"] == "fp16"
@@ -158,11 +159,22 @@ def test_prem_runs_use_the_base_config_and_keep_the_head_in_16_bits():
     assert published.CARDS[case("prem_mistral_7b_fp16").gpu] == "A100 80GB"
 
 
-def test_qwen_speed_benchmark_runs_are_bf16_inference_of_input_plus_2048_tokens():
+def test_qwen_speed_benchmark_runs_generate_2048_tokens_after_the_input():
     model, kwargs = published.setting(case("qwen25_3b_in6144"))
     assert model == "qwen2.5-3b"
     assert kwargs["dtype"] == "bf16"
     assert kwargs["mode"] == "inference"
-    assert kwargs["seq_len"] == 6144 + 2048
+    assert (kwargs["seq_len"], kwargs["max_new_tokens"]) == (6144, 2048)
+    assert kwargs["attn_implementation"] == "flash_attention_2"
     assert published.source_of(case("qwen25_3b_in6144")) == "Qwen2.5 speed benchmark"
     assert published.CARDS[case("qwen25_3b_in6144").gpu] == "A100 80GB"
+
+
+def test_litgpt_phi_runs_use_the_fused_tanh_gelu_litgpt_calls():
+    config, _ = published.setting(case("lg_phi15_lora_mb1"))
+    assert config.hidden_act == "gelu_pytorch_tanh"  # transformers' Phi: gelu_new
+    assert config.tie_word_embeddings is False
+    config, kwargs = published.setting(case("lg_stablelm3b_lora_mb1"))
+    assert config.hidden_act == "gelu"  # already PyTorch's kernel: left as it is
+    assert kwargs["lora_targets"] == ["query", "value"]
+    assert kwargs["loss_chunk_size"] == 128
