@@ -11,7 +11,9 @@ step (fp32; CUDA autocast; pure bf16; gradient accumulation; the output kept thr
 backward; eager attention under fp16 autocast; a CNN), the real step's
 ``max_memory_allocated`` and ``max_memory_reserved`` (`measure_step` on the GPU) beside
 the analytic estimate and the CUDA-target trace of the same step, and the device total
-(reserved + context, what nvidia-smi shows) beside `to_device`'s.
+(reserved + context, what nvidia-smi shows) beside `to_device`'s. Last, ``generate``
+(``max_new_tokens``): a long prompt (the prefill holds the peak) and a short one with many
+new tokens (the last decoding step does), ``max_memory_allocated`` against `estimate`.
 """
 
 from __future__ import annotations
@@ -158,6 +160,30 @@ def _row(step: Step, context: int) -> str:
     return row
 
 
+def _generation_rows() -> list[str]:
+    """``model.generate`` in bf16: real ``max_memory_allocated`` against `estimate`."""
+    llama = _steps(quick=True)[2].config
+    model = build_model(llama, device="cuda", dtype="bf16").eval()
+    rows = []
+    for prompt, new in ((2048, 64), (64, 1024)):
+        ids = torch.randint(0, llama.vocab_size, (4, prompt), device="cuda")
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        real = torch.cuda.max_memory_allocated()
+        found = estimate(
+            llama, batch_size=4, seq_len=prompt, dtype="bf16", mode="inference", max_new_tokens=new
+        )
+        rows.append(
+            f"| generate b4, prompt {prompt}, {new} new | {format_bytes(real)} | "
+            f"{_err(found.total, real)} | {found.peak_at} |"
+        )
+    del model
+    return rows
+
+
 def main() -> int:
     """Print the context table, then one row per step."""
     parser = argparse.ArgumentParser()
@@ -174,6 +200,10 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for step in _steps(quick=args.quick):
         print(_row(step, context), flush=True)
+    print("\n| generate (Llama 6L-512 GQA, bf16) | allocated (real) | analytic err | peak at |")
+    print("|---|---|---|---|")
+    for row in _generation_rows():
+        print(row, flush=True)
     return 0
 
 
