@@ -86,6 +86,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--lora-targets"): NAMES, ("plan", "--bitsandbytes-version"): VERSION,
     ("plan", "--no-double-quant"): SWITCH, ("plan", "--base-dtype"): NAME,
     ("plan", "--quantize-head"): SWITCH, ("plan", "--loss-chunk"): COUNT,
+    ("plan", "--new-tokens"): COUNT,
     ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH,
     ("gpus", "--help"): None, ("gpus", "--json"): SWITCH,
     ("models", "--help"): None, ("models", "--search"): TEXT, ("models", "--json"): SWITCH,

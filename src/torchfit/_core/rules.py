@@ -121,7 +121,7 @@ def number(
         ValueError: dropout must be a finite number >= 0 and < 1; got nan
     """
     bounds = [
-        f"{op} {bound:g}"
+        f"{op} {int(bound) if integral and float(bound).is_integer() else format(bound, 'g')}"
         for op, bound in ((">", above), (">=", at_least), ("<", below))
         if bound is not None
     ]

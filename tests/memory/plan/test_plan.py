@@ -232,3 +232,9 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
     predicted = max_batch_size(lambda b: MemoryEstimate(weights=held(b)), card.memory, margin=0.0)
     brute = max(b for b in range(1, 10_000) if held(b) <= card.memory)
     assert plan.max_batch_size == predicted == brute
+
+
+def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
+    with pytest.raises(ValueError, match=r"gpu must be .* >= 1048576; got 42; .*'24GB'"):
+        fits("gpt2", gpu=42)
+    assert not fits("gpt2", gpu=2**20).fits  # 1 MiB: a (hopeless) budget, not an error

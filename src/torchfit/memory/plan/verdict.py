@@ -219,7 +219,12 @@ def _lora_settings(
 
 @checks.arguments(
     **ESTIMATE_RULES,
-    gpu=checks.number(at_least=1, integral=True),
+    # a budget in bytes: under 1 MiB nothing fits, so a small number was meant as GB
+    gpu=checks.number(
+        at_least=2**20,
+        integral=True,
+        fix="give a card name ('RTX 4090'), a size string ('24GB') or bytes (24 * 2**30)",
+    ),
     gpus_per_node=checks.whole(at_least=1),
     param_dtype=checks.parsed(parse_dtype, kinds=(str,)),
     context_bytes=checks.parsed(check_context_size, kinds=(str, int, float)),
