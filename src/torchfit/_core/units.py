@@ -145,6 +145,20 @@ class DType(enum.Enum):
         """Bytes per element as stored; 0.5 for the 4-bit formats."""
         return self.bits / 8
 
+    def master(self, *, mixed: bool) -> DType:
+        """The dtype parameters that train in this compute dtype (and their gradients) keep.
+
+        fp32 under autocast of a 16-bit dtype (fp32 masters) and for TF32 (fp32 storage);
+        otherwise this dtype itself (pure 16-bit training).
+
+        Example:
+            >>> DType.BF16.master(mixed=True), DType.BF16.master(mixed=False)
+            (<DType.FP32: 'fp32'>, <DType.BF16: 'bf16'>)
+        """
+        if (mixed and self.bits == 16) or self is DType.TF32:
+            return DType.FP32
+        return self
+
     @property
     def is_quantized(self) -> bool:
         """True for int8 and the 4-bit formats, which need scales beside the weights."""

@@ -397,7 +397,7 @@ def model_state_bytes(
             "weights are counted by torchfit.quantize.quantized_footprint"
         )
     master = mixed_precision and compute.bits == 16
-    param_dtype = DType.FP32 if master or compute is DType.TF32 else compute
+    param_dtype = compute.master(mixed=mixed_precision)
     weights = math.ceil(params * param_dtype.itemsize)
     if not training:
         return ModelStates(weights, 0, 0, 0, f"weights in {param_dtype.value}")

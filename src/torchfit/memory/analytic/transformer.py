@@ -72,7 +72,7 @@ def adapters_only(trainable: int | None, params: int) -> bool:
 
 def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure helper
     """Bytes per parameter element: fp32 master weights under mixed precision."""
-    return FP32 if mixed or compute is DType.TF32 else compute.itemsize
+    return compute.master(mixed=mixed).itemsize
 
 
 def _largest_tensor(spec: TransformerSpec) -> int:
@@ -307,7 +307,7 @@ def _training_peak(
     backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
     kept_grads = kept_gradients(loop, states.gradients, notes)
     # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
-    elem = FP32 if mixed or compute is DType.TF32 else compute.itemsize
+    elem = elem_of(mixed, compute)
     if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
         if device == "cuda":
             step_temp = math.ceil(trainable * elem)  # foreach: one list the size of all parameters

@@ -293,7 +293,7 @@ def _with_loss_gradients(
     if loop.gradients_during_forward:
         mixed = compute.bits == 16 if mixed_precision is None else mixed_precision
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        kept = math.ceil(trainable * (FP32 if mixed else compute.itemsize))
+        kept = math.ceil(trainable * compute.master(mixed=mixed).itemsize)
     output = kept_output if loop.keep_output else 0
     start = found.replace(
         gradients=kept,

@@ -185,7 +185,7 @@ def estimate_module(
         num_tensors=sum(1 for p in model.parameters() if p.requires_grad),
     )
     if frozen_dtype is not None and trainable < params:
-        master = DType.FP32 if mixed and compute.bits == 16 else compute
+        master = compute.master(mixed=mixed)
         base = parse_dtype(frozen_dtype)
         weights = frozen_base_weights(model, trainable=master, frozen=base)
         note = f"{states.note}; the frozen base in {base.value}"

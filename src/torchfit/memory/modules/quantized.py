@@ -28,7 +28,6 @@ from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._bnb.selection import default_skip, out_in, skip_matches
 from torchfit._core.step import Mode, parse_mode
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.formulas import FP32
 from torchfit.memory.analytic.quantized import check_quantize_head, dequantized_bytes, linear_bytes
 from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.configs import _meta_model, by_meta_pass
@@ -162,7 +161,7 @@ def quantized_meta_pass(
     mixed = training and compute.bits == 16 if mixed is None else mixed
     held = meta_quantized_weight_bytes(
         base, weights, compute, double_quant=double_quant, head=head
-    ) + math.ceil(trainable * (FP32 if mixed else compute.itemsize))
+    ) + math.ceil(trainable * compute.master(mixed=mixed).itemsize)
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
     notes.append(
         f"{len(layers)} Linear layers{' (the head too)' if head else ''} in "
