@@ -14,7 +14,9 @@ import re
 from torchfit._core.ledger import CUDA_BLOCK, cuda_block_bytes
 
 __all__ = [
+    "INT8_TRANSPOSED_COPY_BEFORE",
     "KEEPS_4BIT_INPUT_BEFORE",
+    "int8_load_copies_transposed",
     "keeps_4bit_input",
     "BLOCKSIZE",
     "CUDA_BLOCK",
@@ -192,16 +194,37 @@ def keeps_4bit_input(version: str | None = None) -> bool:
         >>> keeps_4bit_input("0.41.1"), keeps_4bit_input("0.43.2"), keeps_4bit_input("0.50.2")
         (True, False, False)
     """
+    numbers = _version(version)
+    return numbers is not None and numbers < KEEPS_4BIT_INPUT_BEFORE
+
+
+#: bitsandbytes 0.45.0 quantizes an int8 weight with ``int8_vectorwise_quant``; before,
+#: ``Int8Params.cuda`` called ``double_quant``, which also made a transposed int8 copy.
+INT8_TRANSPOSED_COPY_BEFORE = (0, 45, 0)
+
+
+def int8_load_copies_transposed(version: str | None = None) -> bool:
+    """Whether loading an int8 weight with bitsandbytes ``version`` makes a transposed copy.
+
+    Example:
+        >>> int8_load_copies_transposed("0.41.1"), int8_load_copies_transposed("0.45.0")
+        (True, False)
+    """
+    numbers = _version(version)
+    return numbers is not None and numbers < INT8_TRANSPOSED_COPY_BEFORE
+
+
+def _version(version: str | None) -> tuple[int, ...] | None:
+    """``(major, minor, patch)`` of ``version``, or of the installed bitsandbytes (None: none)."""
     if version is None:
         try:
             version = importlib.metadata.version("bitsandbytes")
         except importlib.metadata.PackageNotFoundError:
-            return False
+            return None
     if not isinstance(version, str):
         raise TypeError(f"bitsandbytes_version must be a string like '0.41.1'; got {version!r}")
     found = re.match(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?!\d|\.\d)", version.strip())
     parts = [p for p in found.groups() if p is not None] if found else []
     if not parts:
         raise ValueError(f"cannot read the bitsandbytes version {version!r}; pass it like '0.41.1'")
-    numbers = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
-    return numbers < KEEPS_4BIT_INPUT_BEFORE
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
+from torchfit._bnb.layout import int8_load_copies_transposed, linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.moe import moe_linear_shapes
+from torchfit.memory.result import MemoryEstimate
 
 __all__ = [
     "block_linear_shapes",
@@ -22,7 +23,9 @@ __all__ = [
     "dequantized_bytes",
     "dequantized_weight_bytes",
     "linear_bytes",
+    "quantize_on_load_bytes",
     "quantized_weight_bytes",
+    "with_loading",
 ]
 
 #: A Linear's ``(out_features, in_features)``.
@@ -155,3 +158,46 @@ def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: boo
     if head:
         shapes = [*shapes, (spec.vocab, spec.hidden)]
     return dequantized_bytes(shapes, compute)
+
+
+def quantize_on_load_bytes(
+    shapes: Iterable[Shape], weights: DType, *, bitsandbytes_version: str | None = None
+) -> int:
+    """What quantizing the largest of ``shapes`` on the GPU holds beside the loaded weights.
+
+    Loading quantizes each weight on the GPU as it arrives: ``Params4bit._quantize`` copies
+    the 16-bit weight to the device, then ``quantize_4bit``; ``Int8Params`` makes a float16
+    copy there, then ``int8_vectorwise_quant`` (bitsandbytes 0.45 and later) or, before,
+    ``double_quant``, which also makes a transposed int8 copy (bitsandbytes/nn/modules.py).
+    So 2 bytes per weight of the largest quantized Linear, 3 for int8 before 0.45, beside
+    the weights already loaded; for a short prompt or one token this can be the run's peak.
+
+    Example:
+        >>> quantize_on_load_bytes([(64, 64), (256, 64)], DType.INT8, bitsandbytes_version="0.41.1")
+        49152
+    """
+    largest = max((out_f * in_f for out_f, in_f in shapes), default=0)
+    per_weight = 2
+    if weights is DType.INT8 and int8_load_copies_transposed(bitsandbytes_version):
+        per_weight += 1
+    return largest * per_weight if weights.is_quantized else 0
+
+
+def with_loading(found: MemoryEstimate, transient: int) -> MemoryEstimate:
+    """``found``, or the loading moment (weights and `quantize_on_load_bytes`) if higher."""
+    if not transient or found.weights + transient <= found.total:
+        return found
+    note = (
+        "peak while loading: bitsandbytes quantizes each weight on the GPU, and the largest "
+        f"one's copies ({transient:,} bytes) outweigh the run itself"
+    )
+    return found.replace(
+        activations=0,
+        kv_cache=0,
+        gradients=0,
+        optimizer=0,
+        overhead=0,
+        workspace=transient,
+        notes=(*found.notes, note),
+        peak_at="loading",
+    )

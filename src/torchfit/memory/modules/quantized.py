@@ -28,7 +28,13 @@ from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._bnb.selection import default_skip, out_in, skip_matches
 from torchfit._core.step import Mode, parse_mode
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.quantized import check_quantize_head, dequantized_bytes, linear_bytes
+from torchfit.memory.analytic.quantized import (
+    check_quantize_head,
+    dequantized_bytes,
+    linear_bytes,
+    quantize_on_load_bytes,
+    with_loading,
+)
 from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.configs import _meta_model, by_meta_pass
 from torchfit.memory.result import MemoryEstimate
@@ -187,7 +193,13 @@ def quantized_meta_pass(
             "LLM.int8: nothing added for bitsandbytes' matmul (as in the closed form): not "
             "its int8/fp16 copies of the input, nor the 16-bit weight copy its backward makes"
         )
-    return found.replace(notes=(*found.notes, *notes))
+    found = found.replace(notes=(*found.notes, *notes))
+    if options.get("device") != "cuda":
+        return found
+    version = bitsandbytes_version
+    return with_loading(
+        found, quantize_on_load_bytes(layers.values(), weights, bitsandbytes_version=version)
+    )
 
 
 def _restated(notes: tuple[str, ...], trainable: int) -> tuple[str, ...]:
