@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from torchfit._core import checks
 from torchfit._core.step import OptimizerName, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import TransformerSpec, describe
 from torchfit.memory.catalog.resolve import model_config
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "kv_cache_bytes",
     "kv_cache_bytes_for",
     "model_state_bytes",
+    "spec_kv_bytes",
     "optimizer_state_bytes",
 ]
 
@@ -236,9 +237,8 @@ def kv_cache_bytes_for(
 ) -> int:
     """`kv_cache_bytes` for a transformers config (or a catalog name).
 
-    Reads ``num_hidden_layers``, ``num_key_value_heads`` (GQA/MQA; falls back to the
-    attention heads), ``head_dim`` and ``sliding_window``; ``dtype`` defaults to the
-    config's ``torch_dtype``/``dtype``, else fp16.
+    Layers, KV heads (GQA/MQA), head size and sliding window from the config (`describe`);
+    ``dtype`` defaults to the config's ``torch_dtype``/``dtype``, else fp16.
 
     Example:
         >>> from transformers import MistralConfig
@@ -252,6 +252,11 @@ def kv_cache_bytes_for(
     if dtype is None:
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         dtype = parse_dtype(stored) if stored is not None else DType.FP16
+    return spec_kv_bytes(spec, batch_size=batch_size, seq_len=seq_len, dtype=parse_dtype(dtype))
+
+
+def spec_kv_bytes(spec: TransformerSpec, *, batch_size: int, seq_len: int, dtype: DType) -> int:
+    """`kv_cache_bytes` with the layers, KV heads, head size and window of ``spec``."""
     return kv_cache_bytes(
         batch_size=batch_size,
         seq_len=seq_len,

@@ -12,7 +12,7 @@ import math
 
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings, inference_transient
-from torchfit.memory.analytic.formulas import INT64, kv_cache_bytes
+from torchfit.memory.analytic.formulas import INT64, spec_kv_bytes
 from torchfit.memory.analytic.generation import generation_moments
 from torchfit.memory.analytic.moe import moe_inference_transient
 from torchfit.memory.result import MemoryEstimate
@@ -47,7 +47,8 @@ def inference_estimate(
     tokens = batch_size * seq_len
     e = settings.dtype.itemsize
     cache = spec.family.value != "bert" if use_cache is None else use_cache
-    kv = _kv(spec, settings, batch_size=batch_size, seq_len=seq_len) if cache else 0
+    kv = spec_kv_bytes(spec, batch_size=batch_size, seq_len=seq_len, dtype=settings.dtype)
+    kv = kv if cache else 0
     if cache:
         notes.append("inference returns the KV cache of every layer")
     transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
@@ -71,7 +72,9 @@ def inference_estimate(
     moments = generation_moments(
         prefill=max(transient, hidden) + dequantized,
         kv_prompt=kv,
-        kv_total=_kv(spec, settings, batch_size=batch_size, seq_len=seq_len + new_tokens),
+        kv_total=spec_kv_bytes(
+            spec, batch_size=batch_size, seq_len=seq_len + new_tokens, dtype=settings.dtype
+        ),
         num_layers=spec.num_layers,
         rows=batch_size,
         vocab=spec.vocab,
@@ -84,17 +87,4 @@ def inference_estimate(
         kv_cache=moments.kv_cache,
         notes=(*notes, moments.note),
         peak_at=moments.peak_at,
-    )
-
-
-def _kv(spec: TransformerSpec, settings: BlockSettings, *, batch_size: int, seq_len: int) -> int:
-    """The KV cache of every layer for ``seq_len`` positions (sliding windows capped)."""
-    return kv_cache_bytes(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        num_layers=spec.num_layers,
-        num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        dtype=settings.dtype,
-        sliding_window=spec.sliding_window,
     )
