@@ -121,7 +121,7 @@ def out_in(module: nn.Module) -> tuple[int, int]:
     weight = module.weight
     if not isinstance(weight, torch.Tensor):  # pragma: no cover - candidates have weights
         raise TypeError(f"{type(module).__name__} has no weight tensor")
-    if type(module) is nn.Linear:
+    if isinstance(module, nn.Linear):  # subclasses too (Falcon's FalconLinear)
         return int(weight.shape[0]), int(weight.shape[1])
     return int(weight.shape[1]), int(weight.shape[0])  # Conv1D stores (in, out)
 

@@ -258,6 +258,22 @@ def test_transformers_5_leaves_falcon_linear_unquantized_and_the_estimate_says_s
         assert "Linear4bit" in kinds
 
 
+def test_a_linear_subclass_keeps_its_out_by_in_shape():
+    # FalconLinear is an nn.Linear subclass: its weight is (out, in), not Conv1D's (in, out),
+    # and LLM.int8 keeps one fp32 scale per output row
+    model = _meta(_falcon())
+    layers = quantized_linears(model, DType.INT8)
+    modules = dict(model.named_modules())
+    for name, shape in layers.items():
+        assert shape == (modules[name].out_features, modules[name].in_features), name
+    assert any(o != i for o, i in layers.values())  # the MLP: the shapes can be told apart
+    rest = sum(
+        p.numel() for n, p in model.named_parameters() if n.removesuffix(".weight") not in layers
+    )
+    expected = sum(sum(linear8bit_bytes(o, i)) for o, i in layers.values()) + 2 * rest
+    assert meta_quantized_weight_bytes(model, DType.INT8, DType.BF16) == expected
+
+
 # --- estimate() on models without a closed form -------------------------------------------
 
 
