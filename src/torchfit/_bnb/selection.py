@@ -26,6 +26,7 @@ __all__ = [
     "QuantType",
     "default_skip",
     "is_hf",
+    "is_linear",
     "make_plan",
     "out_in",
     "skip_list",
@@ -108,13 +109,16 @@ def is_hf(model: nn.Module) -> bool:
     return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
 
 
-def _is_candidate(module: nn.Module) -> bool:
-    # transformers replaces exactly `nn.Linear` (not subclasses) and its own `Conv1D`
-    # (integrations/bitsandbytes.py, replace_with_bnb_linear).
+def is_linear(module: nn.Module, *, subclasses: bool = True) -> bool:
+    """An ``nn.Linear`` (its subclasses too, unless ``subclasses=False``) or transformers' Conv1D.
+
+    transformers 5 quantizes exactly ``nn.Linear`` and its own ``Conv1D``
+    (integrations/bitsandbytes.py, ``replace_with_bnb_linear``): ``subclasses=False``.
+    transformers 4.x replaced every ``nn.Linear`` instance, and PEFT adapts them.
+    """
     cls = type(module)
-    return cls is nn.Linear or (
-        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
-    )
+    linear = isinstance(module, nn.Linear) if subclasses else cls is nn.Linear
+    return linear or (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers"))
 
 
 def out_in(module: nn.Module) -> tuple[int, int]:
@@ -247,7 +251,7 @@ def make_plan(
         exact = set(defaults)
     skip = tuple(dict.fromkeys([*defaults, *user]))
     patterns = [k for k in skip if k not in exact or k in user]
-    candidates = [n for n, m in model.named_modules() if _is_candidate(m)]
+    candidates = [n for n, m in model.named_modules() if is_linear(m, subclasses=False)]
     chosen = tuple(
         n for n in candidates if n not in exact and not any(skip_matches(k, n) for k in patterns)
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from torchfit._bnb.selection import is_linear
 from torchfit._core.imports import require
 from torchfit._core.units import DType
 from torchfit.memory.analytic.lora import DEFAULT_RANK
@@ -39,11 +40,7 @@ _ROLES = frozenset({*_SEPARATE, "projection", "mlp", "head"})
 
 def _linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Linear-like module (``nn.Linear``, transformers' ``Conv1D``) with its name."""
-    return [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
-    ]
+    return [(name, module) for name, module in model.named_modules() if is_linear(module)]
 
 
 def _role_of(name: str, module: nn.Module, head: nn.Module | None) -> set[str]:

@@ -25,7 +25,7 @@ from typing import Any
 from torch import nn
 
 from torchfit._bnb.layout import keeps_4bit_input
-from torchfit._bnb.selection import default_skip, out_in, skip_matches
+from torchfit._bnb.selection import default_skip, is_linear, out_in, skip_matches
 from torchfit._core.step import Mode, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.quantized import (
@@ -40,20 +40,6 @@ from torchfit.memory.modules.configs import _meta_model, by_meta_pass
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["meta_quantized_weight_bytes", "quantized_linears", "quantized_meta_pass"]
-
-
-def _replaced(module: nn.Module) -> bool:
-    """A layer bitsandbytes replaces: an ``nn.Linear`` (subclasses too) or transformers' Conv1D.
-
-    transformers 4.x replaced every ``isinstance(module, nn.Linear)``; 5.x replaces the
-    exact class only (``type(module) is nn.Linear``), which leaves subclasses such as
-    Falcon's ``FalconLinear`` in 16 bits. The estimate counts them quantized and says so
-    (`_subclass_note`).
-    """
-    cls = type(module)
-    return isinstance(module, nn.Linear) or (
-        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
-    )
 
 
 def quantized_linears(
@@ -73,13 +59,15 @@ def quantized_linears(
     tied = output is not None and inputs is not None and output.weight is inputs.weight
     check_quantize_head(weights, head=head, tied=tied)
     skip = default_skip(model)
+    # nn.Linear subclasses too, as transformers 4.x replaced them (5.x does not: the notes
+    # say so, `_subclass_note`)
     found = {
         name: out_in(module)
         for name, module in modules.items()
-        if name and _replaced(module) and not any(skip_matches(key, name) for key in skip)
+        if name and is_linear(module) and not any(skip_matches(key, name) for key in skip)
     }
     if head:
-        if output is None or not _replaced(output):
+        if output is None or not is_linear(output):
             raise ValueError(
                 f"quantize_head=True, but {type(model).__name__} has no nn.Linear output "
                 "head to quantize; drop quantize_head"
