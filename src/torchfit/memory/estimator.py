@@ -26,13 +26,8 @@ from typing import Any
 from torchfit._core import checks
 from torchfit._core.step import OptimizerName, resolve_numerics
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import TransformerSpec, describe, has_closed_form
-from torchfit.memory.analytic.quantized import (
-    block_linear_shapes,
-    check_quantize_head,
-    quantize_on_load_bytes,
-    with_loading,
-)
+from torchfit.memory.analytic.arch import describe, has_closed_form
+from torchfit.memory.analytic.quantized import check_quantize_head
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
     recorded_dtype,
@@ -252,7 +247,6 @@ def estimate(
             base_dtype=_base_dtype(config, base_dtype),
             new_tokens=max_new_tokens,
         )
-        found = _loaded(found, spec, dtype, head=quantize_head, version=bitsandbytes_version)
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):
         shape = input_shape or vision_input_shape(config)
@@ -305,19 +299,6 @@ def estimate(
         new_tokens=max_new_tokens,
         **options,
     )
-
-
-def _loaded(
-    found: MemoryEstimate, spec: TransformerSpec, dtype: Any, *, head: bool, version: str | None
-) -> MemoryEstimate:
-    """``found``, or (CUDA) the moment bitsandbytes quantizes the largest weight, if higher."""
-    if found.device != "cuda":
-        return found
-    shapes = block_linear_shapes(spec)
-    if head:
-        shapes = [*shapes, (spec.vocab, spec.hidden)]
-    transient = quantize_on_load_bytes(shapes, parse_dtype(dtype), bitsandbytes_version=version)
-    return with_loading(found, transient)
 
 
 def _base_dtype(config: Any, given: str | DType | None) -> DType | None:

@@ -24,6 +24,7 @@ __all__ = [
     "dequantized_weight_bytes",
     "linear_bytes",
     "quantize_on_load_bytes",
+    "quantized_shapes",
     "quantized_weight_bytes",
     "with_loading",
 ]
@@ -51,6 +52,12 @@ def block_linear_shapes(spec: TransformerSpec) -> list[tuple[int, int]]:
     return shapes
 
 
+def quantized_shapes(spec: TransformerSpec, *, head: bool = False) -> list[Shape]:
+    """The Linear shapes bitsandbytes holds: every block Linear, and the head with ``head``."""
+    shapes = block_linear_shapes(spec)
+    return [*shapes, (spec.vocab, spec.hidden)] if head else shapes  # a Linear4bit/8bitLt head
+
+
 def quantized_weight_bytes(
     spec: TransformerSpec,
     weights: DType,
@@ -72,10 +79,8 @@ def quantized_weight_bytes(
         >>> round(quantized_weight_bytes(spec, DType.NF4, DType.BF16) / 2**30, 2)
         3.6
     """
-    shapes = block_linear_shapes(spec)
     check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
-    if head:
-        shapes = [*shapes, (spec.vocab, spec.hidden)]  # a Linear4bit/8bitLt head
+    shapes = quantized_shapes(spec, head=head)
     rest = spec.num_params - sum(o * i for o, i in shapes)
     return linear_bytes(shapes, weights, double_quant=double_quant) + int(rest * compute.itemsize)
 
@@ -154,10 +159,7 @@ def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: boo
         >>> dequantized_weight_bytes(spec, DType.BF16), 11008 * 4096 * 2
         (90177536, 90177536)
     """
-    shapes = block_linear_shapes(spec)
-    if head:
-        shapes = [*shapes, (spec.vocab, spec.hidden)]
-    return dequantized_bytes(shapes, compute)
+    return dequantized_bytes(quantized_shapes(spec, head=head), compute)
 
 
 def quantize_on_load_bytes(

@@ -41,7 +41,12 @@ from torchfit.memory.analytic.moe import (
     moe_backward_width,
     moe_block_terms,
 )
-from torchfit.memory.analytic.quantized import dequantized_weight_bytes
+from torchfit.memory.analytic.quantized import (
+    dequantized_weight_bytes,
+    quantize_on_load_bytes,
+    quantized_shapes,
+    with_loading,
+)
 from torchfit.memory.analytic.states import (
     adapters_for,
     chunked_loss_peak,
@@ -197,8 +202,13 @@ def estimate_transformer(
             f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: "
             f"{dequantized:,} bytes at most"
         )
+    loading = 0
+    if weights_format.is_quantized and device == "cuda":
+        shapes = quantized_shapes(spec, head=quantize_head)
+        version = bitsandbytes_version
+        loading = quantize_on_load_bytes(shapes, weights_format, bitsandbytes_version=version)
     if not training:
-        return inference_estimate(
+        found = inference_estimate(
             spec,
             settings,
             batch_size=batch_size,
@@ -209,6 +219,7 @@ def estimate_transformer(
             dequantized=dequantized,
             new_tokens=new_tokens,
         )
+        return with_loading(found, loading)
 
     if opt.paged and device == "cuda":
         notes.append(
@@ -217,7 +228,7 @@ def estimate_transformer(
             "peak, and evicted to host memory when the GPU runs short"
         )
         states = dataclasses.replace(states, optimizer=0)
-    return _training_peak(
+    found = _training_peak(
         spec,
         settings,
         batch_size=batch_size,
@@ -234,6 +245,7 @@ def estimate_transformer(
         loss_chunk=loss_chunk,
         dequantized=dequantized,
     )
+    return with_loading(found, loading)
 
 
 def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
