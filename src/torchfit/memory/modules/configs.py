@@ -80,6 +80,9 @@ def by_meta_pass(
     model's outputs, which torchfit's step drops before backward: measured with the
     tracer on BLOOM, Falcon, T5, GPTBigCode, OPT, GPT-NeoX and Gemma 2.
 
+    ``options["dtype"]`` is the compute dtype: a quantized base comes through
+    `quantized_meta_pass`, which passes its compute dtype here.
+
     With ``loss_chunk`` (training), a causal LM's head and loss run that many positions at
     a time (`ChunkedLoss`), and those gradients are one chunk's. With ``new_tokens``
     (inference), the prompt's forward asks for the last position's logits only, as
@@ -166,7 +169,6 @@ def _generation(
     """The prompt's pass (``found``, its cache apart) and the decoding steps after it."""
     ids = batch["input_ids"]
     longer = {**batch, "input_ids": ids.new_empty((ids.shape[0], ids.shape[1] + new_tokens))}
-    itemsize = 2 if dtype.is_quantized else dtype.itemsize
     lm: Any = model
     moments = generation_moments(
         prefill=found.activations,
@@ -175,7 +177,7 @@ def _generation(
         num_layers=int(getattr(lm.config, "num_hidden_layers", 1) or 1),
         rows=int(ids.shape[0]),
         vocab=int(lm.get_output_embeddings().weight.shape[0]),
-        itemsize=itemsize,
+        itemsize=dtype.itemsize,
         new_tokens=new_tokens,
     )
     return found.replace(
@@ -212,14 +214,11 @@ def _cache_apart(
 def _cache_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
     """Bytes of the KV cache one more meta forward of ``batch`` returns, in ``dtype``.
 
-    The model is built in fp32: sizes are scaled to the compute dtype (16-bit when the
-    weights are quantized).
+    The model is built in fp32: sizes are scaled to the compute dtype.
     """
     with torch.no_grad(), experts_on_fake_tensors():
         output = LastLogits(model)(**batch, use_cache=True)
-    cache = getattr(output, "past_key_values", None)
-    leaves = [t for t in _tensors(cache) if t.is_floating_point()]
-    return math.ceil(sum(t.numel() for t in leaves) * (2 if dtype.is_quantized else dtype.itemsize))
+    return _float_bytes(getattr(output, "past_key_values", None), dtype)
 
 
 def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
@@ -231,9 +230,13 @@ def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
     with torch.no_grad(), experts_on_fake_tensors():
         output = model(**batch)
     parts = [v for k, v in output.items() if k != "loss"] if isinstance(output, dict) else [output]
-    leaves = [t for part in parts for t in _tensors(part) if t.is_floating_point()]
-    itemsize = 2 if dtype.is_quantized else dtype.itemsize
-    return math.ceil(sum(t.numel() for t in leaves) * itemsize)
+    return _float_bytes(parts, dtype)
+
+
+def _float_bytes(value: Any, dtype: DType) -> int:
+    """Bytes of the floating-point tensors inside ``value`` (`_tensors`), each in ``dtype``."""
+    leaves = [t for t in _tensors(value) if t.is_floating_point()]
+    return math.ceil(sum(t.numel() for t in leaves) * dtype.itemsize)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
