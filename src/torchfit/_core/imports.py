@@ -20,6 +20,7 @@ _EXTRA: dict[str, str] = {
     "matplotlib": "plot",
     "tqdm": "test",
     "lightning": "lightning",
+    "peft": "lora",
 }
 
 
