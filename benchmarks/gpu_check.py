@@ -11,9 +11,11 @@ step (fp32; CUDA autocast; pure bf16; gradient accumulation; the output kept thr
 backward; eager attention under fp16 autocast; a CNN), the real step's
 ``max_memory_allocated`` and ``max_memory_reserved`` (`measure_step` on the GPU) beside
 the analytic estimate and the CUDA-target trace of the same step, and the device total
-(reserved + context, what nvidia-smi shows) beside `to_device`'s. Last, ``generate``
+(reserved + context, what nvidia-smi shows) beside `to_device`'s. Then ``generate``
 (``max_new_tokens``): a long prompt (the prefill holds the peak) and a short one with many
 new tokens (the last decoding step does), ``max_memory_allocated`` against `estimate`.
+Last, loading the same model in nf4 and int8 with bitsandbytes and running one token,
+where quantizing the weights on the GPU at load is the peak.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import dataclasses
 import gc
 import os
 import sys
+import tempfile
 from typing import Any
 
 import torch
@@ -184,6 +187,37 @@ def _generation_rows() -> list[str]:
     return rows
 
 
+def _loading_rows(folder: str) -> list[str]:
+    """A 4/8-bit load of the Llama and one token: real ``max_memory_allocated`` vs `estimate`.
+
+    bitsandbytes quantizes each weight on the GPU as it loads; for one token the loading
+    moment is the estimate's peak (``peak_at="loading"``).
+    """
+    llama = _steps(quick=True)[2].config
+    transformers.LlamaForCausalLM(llama).to(torch.bfloat16).save_pretrained(folder)
+    rows = []
+    for dtype, config in (
+        ("nf4", transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")),
+        ("int8", transformers.BitsAndBytesConfig(load_in_8bit=True)),
+    ):
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            folder, quantization_config=config, dtype=torch.bfloat16, device_map="cuda"
+        )
+        with torch.no_grad():
+            model(torch.zeros(1, 1, dtype=torch.long, device="cuda"))
+        real = torch.cuda.max_memory_allocated()
+        found = estimate(llama, batch_size=1, seq_len=1, dtype=dtype, mode="inference")
+        rows.append(
+            f"| load in {dtype}, one token | {format_bytes(real)} | "
+            f"{_err(found.total, real)} | {found.peak_at} |"
+        )
+        del model
+    return rows
+
+
 def main() -> int:
     """Print the context table, then one row per step."""
     parser = argparse.ArgumentParser()
@@ -200,10 +234,13 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for step in _steps(quick=args.quick):
         print(_row(step, context), flush=True)
-    print("\n| generate (Llama 6L-512 GQA, bf16) | allocated (real) | analytic err | peak at |")
+    print("\n| generate; a 4/8-bit load (Llama 6L-512 GQA) | allocated (real) | err | peak at |")
     print("|---|---|---|---|")
     for row in _generation_rows():
         print(row, flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        for row in _loading_rows(folder):
+            print(row, flush=True)
     return 0
 
 
