@@ -82,8 +82,16 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "bf16-true": {"dtype": "bf16", "mixed_precision": False},
     "bf16": {"dtype": "bf16", "mixed_precision": False},
     "fp16": {"dtype": "fp16", "mixed_precision": False},
-    "bf16-true + bnb.nf4 base": {"dtype": "nf4", "precision": "bf16-true", "double_quant": False},
-    "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true"},
+    # Lit-GPT / LitGPT quantize through Lightning Fabric's BitsandbytesPrecision, which
+    # converts each weight to float16 before quantize_4bit (plugins/precision/
+    # bitsandbytes.py), so its 4-bit weights dequantize to fp16, then copy to bf16
+    "bf16-true + bnb.nf4 base": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "double_quant": False,
+        "base_dtype": "fp16",
+    },
+    "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true", "base_dtype": "fp16"},
     # load_in_4bit=True alone: BitsAndBytesConfig's defaults, fp4 (4 bits + one fp32 absmax
     # per 64 weights, the same bytes as nf4) without double quantization
     "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {
@@ -96,23 +104,30 @@ PRECISIONS: dict[str, dict[str, Any]] = {
         "dtype": "nf4",
         "precision": "bf16-true",
         "double_quant": False,
+        "base_dtype": "fp16",
     },
-    "bf16-true + bnb.nf4-dq weights": {"dtype": "nf4", "precision": "bf16-true"},
-    # torchao's NF4Tensor (torchtune's QLoRA base): 4-bit codes, an int8 scaler per block of
-    # 64 and one bf16 factor per 256 scalers: 4 + 8/64 + 16/16384 bits per weight, within
-    # 16 bits per 16384 weights of bitsandbytes' double-quantized nf4 (fp32 factor), so
-    # torchfit's nf4 with double_quant=True counts its bytes
+    "bf16-true + bnb.nf4-dq weights": {
+        "dtype": "nf4",
+        "precision": "bf16-true",
+        "base_dtype": "fp16",
+    },
     "bf16-true + bnb.nf4 weights (Fabric, every Linear)": {
         "dtype": "nf4",
         "precision": "bf16-true",
         "double_quant": False,
+        "base_dtype": "fp16",
     },
     "bf16-true + bnb.nf4-dq weights (Fabric, every Linear)": {
         "dtype": "nf4",
         "precision": "bf16-true",
+        "base_dtype": "fp16",
     },
     "16-true + bnb.int8 weights (Fabric, every Linear)": {"dtype": "int8", "precision": "16-true"},
     "bf16-true + nf4 base": {"dtype": "nf4", "precision": "bf16-true"},
+    # torchao's NF4Tensor (torchtune's QLoRA base): 4-bit codes, an int8 scaler per block of
+    # 64 and one bf16 factor per 256 scalers: 4 + 8/64 + 16/16384 bits per weight, within
+    # 16 bits per 16384 weights of bitsandbytes' double-quantized nf4 (fp32 factor), so
+    # torchfit's nf4 with double_quant=True counts its bytes
     "bf16-true + nf4 base (torchao)": {"dtype": "nf4", "precision": "bf16-true"},
     "bf16-true + nf4 base (torchao NF4Tensor)": {"dtype": "nf4", "precision": "bf16-true"},
     "int8 (bitsandbytes LLM.int8, load_in_8bit=True)": {"dtype": "int8"},
@@ -312,6 +327,7 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
         kwargs["seq_len"] = 1
     else:
         raise NotExpressible("sequence length not given")
+    _bitsandbytes(case, kwargs)
     if case.mode == "inference":
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
@@ -323,6 +339,13 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
         return model, kwargs
     _training(case, kwargs)
     return model, kwargs
+
+
+def _bitsandbytes(case: published.Case, kwargs: dict[str, Any]) -> None:
+    """The bitsandbytes version ``case`` names, for a quantized run (default: the installed)."""
+    bnb = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", case.cuda_torch or "")
+    if kwargs.get("dtype") in {"nf4", "int8"} and bnb is not None:
+        kwargs["bitsandbytes_version"] = bnb.group(1)
 
 
 #: The dtype of a traced run's model (Fabric's "bf16-true" converts the model and inputs).
@@ -371,9 +394,6 @@ def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
         kwargs["attn_implementation"] = case.attention
     if case.method in {"lora", "qlora"}:
         kwargs.update(_lora(case))
-    bnb = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", case.cuda_torch or "")
-    if case.method == "qlora" and bnb is not None:
-        kwargs["bitsandbytes_version"] = bnb.group(1)
 
 
 def on_device(case: published.Case) -> tuple[MemoryEstimate, GPU]:

@@ -3600,7 +3600,12 @@ _ALL: tuple[Case, ...] = (
             seq_len=5 + 256,
             gpu="A100 40GB",
             framework="Lit-GPT @ 982abcbc (generate/base.py)",
-            cuda_torch="not stated (the page of July-October 2023)",
+            cuda_torch=(
+                "CUDA 12.1 (the page from 807c7bc1, 4 days later); torch not stated; "
+                "bitsandbytes 0.41.1 assumed: the version is not stated, but the figures were "
+                "measured for 982abcbc (5 October 2023), between bitsandbytes' 0.41.0 (July "
+                "2023) and 0.42.0 (January 2024) tags"
+            ),
             ambiguous=False,
             notes=(
                 f"python generate/base.py --checkpoint_dir checkpoints/tiiuae/falcon-7b {flags}"

@@ -160,6 +160,11 @@ def estimate(
         base_dtype: The dtype a frozen base (LoRA under mixed precision) is held in.
             Default: the checkpoint's (the config's ``dtype``), as ``from_pretrained``
             loads it; ``"fp32"`` for a base loaded in fp32 (Lightning's ``*-mixed``).
+            With a 4-bit ``dtype``: the dtype its weights were quantized from, which
+            bitsandbytes dequantizes them back to before copying to the compute dtype
+            (``from_pretrained(dtype=...)``; ``"fp16"`` for Lightning Fabric's
+            ``BitsandbytesPrecision``, and bitsandbytes before 0.43 uses fp16 anyway).
+            Default there: the compute dtype.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
@@ -244,7 +249,7 @@ def estimate(
             bitsandbytes_version=bitsandbytes_version,
             double_quant=double_quant,
             quantize_head=quantize_head,
-            base_dtype=_base_dtype(config, base_dtype),
+            base_dtype=_base_dtype(config, base_dtype, quantized=dtype.is_quantized),
             new_tokens=max_new_tokens,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
@@ -281,6 +286,7 @@ def estimate(
             double_quant=double_quant,
             head=quantize_head,
             bitsandbytes_version=bitsandbytes_version,
+            base_dtype=None if base_dtype is None else parse_dtype(base_dtype),
             loss_chunk=loss_chunk_size,
             new_tokens=max_new_tokens,
             **{**options, "dtype": numerics.compute},
@@ -301,10 +307,16 @@ def estimate(
     )
 
 
-def _base_dtype(config: Any, given: str | DType | None) -> DType | None:
-    """The frozen base's dtype: as given, else the one the checkpoint records."""
+def _base_dtype(config: Any, given: str | DType | None, *, quantized: bool = False) -> DType | None:
+    """The frozen base's dtype: as given, else the one the checkpoint records.
+
+    A quantized base has none by default: its 4-bit weights count as quantized from the
+    compute dtype (``from_pretrained(dtype=...)`` matching ``bnb_4bit_compute_dtype``).
+    """
     if given is not None:
         return parse_dtype(given)
+    if quantized:
+        return None
     recorded = recorded_dtype(config)
     return None if recorded is None else parse_dtype(recorded)
 

@@ -8,12 +8,41 @@ from typing import Any
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
 from torchfit._core.step import Loop, Mode, parse_mode
-from torchfit._core.units import parse_dtype
+from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.lora import LoraSetup, lora_setup
 
-__all__ = ["ESTIMATE_RULES", "check_generation", "lora_of", "loop_of", "refuse_for_meta_pass"]
+__all__ = [
+    "ESTIMATE_RULES",
+    "check_generation",
+    "lora_of",
+    "loop_of",
+    "parse_base_dtype",
+    "refuse_for_meta_pass",
+]
+
+#: The dtypes a checkpoint loads in (what a frozen or quantized base is held or quantized from).
+_BASE_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+
+
+def parse_base_dtype(value: str | DType) -> DType:
+    """A frozen base's dtype: a float a checkpoint loads in, never a quantized format.
+
+    Example:
+        >>> parse_base_dtype("nf4")
+        Traceback (most recent call last):
+        ...
+        ValueError: a base is loaded in fp32, fp16 or bf16, not 'nf4'; ...
+    """
+    found = parse_dtype(value)
+    if found not in _BASE_DTYPES:
+        raise ValueError(
+            f"a base is loaded in {', '.join(d.value for d in _BASE_DTYPES[:-1])} or "
+            f"{_BASE_DTYPES[-1].value}, not {found.value!r}; the quantized format goes in dtype="
+        )
+    return found
+
 
 #: The door's rules for the arguments `estimate` and `fits` share (one definition).
 ESTIMATE_RULES: dict[str, checks.Rule] = {
@@ -28,7 +57,7 @@ ESTIMATE_RULES: dict[str, checks.Rule] = {
     "lora_rank": checks.whole(at_least=1),
     "lora_dropout": checks.number(at_least=0, below=1),
     "bitsandbytes_version": checks.parsed(keeps_4bit_input),
-    "base_dtype": checks.parsed(parse_dtype, kinds=(str,)),
+    "base_dtype": checks.parsed(parse_base_dtype, kinds=(str,)),
 }
 
 

@@ -36,13 +36,15 @@ def inference_estimate(
     use_cache: bool | None,
     notes: list[str],
     dequantized: int = 0,
+    decode_dequantized: int = 0,
     new_tokens: int | None = None,
 ) -> MemoryEstimate:
     """The inference peak: one forward over ``seq_len`` tokens, or ``generate`` after it.
 
     Without ``new_tokens``: the forward's largest in-block transient, or its logits for
     every position beside the last hidden states; the cache it returns apart. With
-    ``new_tokens``: `generation_moments` of that prompt.
+    ``new_tokens``: `generation_moments` of that prompt. ``dequantized``: bitsandbytes'
+    copy of a 4-bit weight for the prompt's matmuls, ``decode_dequantized`` for a step's.
     """
     tokens = batch_size * seq_len
     e = settings.dtype.itemsize
@@ -80,7 +82,7 @@ def inference_estimate(
         vocab=spec.vocab,
         itemsize=e,
         new_tokens=new_tokens,
-        decode_extra=dequantized if batch_size > 1 else 0,
+        decode_extra=decode_dequantized,
     )
     return found.replace(
         activations=moments.activations,

@@ -8,10 +8,11 @@ the compute dtype (transformers keeps ``lm_head`` and tied embeddings unquantize
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
+from typing import Any
 
 from torchfit._bnb.layout import int8_load_copies_transposed, linear4bit_bytes, linear8bit_bytes
+from torchfit._bnb.matmul import dequantized_bytes_per_weight, quantized_from
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.moe import moe_linear_shapes
@@ -21,6 +22,8 @@ __all__ = [
     "block_linear_shapes",
     "check_quantize_head",
     "dequantized_bytes",
+    "dequantized_transient",
+    "bitsandbytes_transients",
     "dequantized_weight_bytes",
     "linear_bytes",
     "quantize_on_load_bytes",
@@ -131,26 +134,39 @@ def linear_bytes(shapes: Iterable[Shape], weights: DType, *, double_quant: bool 
     return total
 
 
-def dequantized_bytes(shapes: Iterable[Shape], compute: DType) -> int:
-    """Bytes of the largest of ``shapes`` as one ``compute`` copy (see `dequantized_weight_bytes`).
+def dequantized_bytes(
+    shapes: Iterable[Shape],
+    compute: DType,
+    *,
+    source: DType | None = None,
+    rows: int | None = None,
+    version: str | None = None,
+) -> int:
+    """Bytes the largest of ``shapes`` holds dequantized for one matmul.
+
+    ``source``: the dtype it was quantized from (default ``compute``); ``rows``: the
+    forward's tokens, ``None`` for backward; per weight as `dequantized_bytes_per_weight`.
 
     Example:
         >>> dequantized_bytes([(64, 64), (256, 64)], DType.BF16)
         32768
+        >>> dequantized_bytes([(256, 64)], DType.BF16, source=DType.FP16), 256 * 64 * (2 + 2)
+        (65536, 65536)
     """
+    per_weight = dequantized_bytes_per_weight(
+        source=compute if source is None else source, compute=compute, rows=rows, version=version
+    )
     largest = max((out_f * in_f for out_f, in_f in shapes), default=0)
-    return math.ceil(largest * compute.itemsize)
+    return largest * per_weight
 
 
 def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: bool = False) -> int:
-    """Bytes of the largest 4-bit weight as bitsandbytes dequantizes it for one matmul.
+    """Bytes of the largest 4-bit weight dequantized for its backward matmul.
 
-    ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py, unchanged from 0.41 to 0.48)
-    computes ``linear(A, dequantize_4bit(B).to(A.dtype).t())`` in forward and
-    ``matmul(grad_output, dequantize_4bit(B).to(grad_output.dtype).t())`` in backward: a
-    full copy of one weight in the compute dtype, alive during its matmul (only a single
-    token at inference takes the ``gemv_4bit`` path instead). ``head``: the output head
-    is a 4-bit Linear too.
+    ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py) computes ``matmul(grad_output,
+    dequantize_4bit(B).to(grad_output.dtype))`` in backward (and, before 0.50, the same
+    in forward): a full copy of one weight, alive during its matmul
+    (`torchfit._bnb.matmul` has the rules). ``head``: the output head is 4-bit too.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -160,6 +176,30 @@ def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: boo
         (90177536, 90177536)
     """
     return dequantized_bytes(quantized_shapes(spec, head=head), compute)
+
+
+def dequantized_transient(
+    shapes: Iterable[Shape],
+    compute: DType,
+    *,
+    base: DType | None,
+    rows: int | None,
+    version: str | None,
+    notes: list[str],
+) -> int:
+    """`dequantized_bytes` of a 4-bit model loaded in ``base`` (default: ``compute``), noted.
+
+    ``rows``: tokens of the forward at the peak, ``None`` for a training step.
+    """
+    source = quantized_from(compute if base is None else base, version)
+    copy = dequantized_bytes(shapes, compute, source=source, rows=rows, version=version)
+    if copy:
+        via = "" if source is compute else f" (to {source.value}, then a {compute.value} copy)"
+        notes.append(
+            f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul{via}: "
+            f"{copy:,} bytes at most"
+        )
+    return copy
 
 
 def quantize_on_load_bytes(
@@ -203,3 +243,35 @@ def with_loading(found: MemoryEstimate, transient: int) -> MemoryEstimate:
         notes=(*found.notes, note),
         peak_at="loading",
     )
+
+
+def bitsandbytes_transients(
+    spec: TransformerSpec,
+    weights: DType,
+    compute: DType,
+    *,
+    head: bool,
+    base: DType | None,
+    version: str | None,
+    rows: int | None,
+    decode_rows: int | None,
+    notes: list[str],
+) -> tuple[int, int, int]:
+    """What bitsandbytes holds beside a quantized model's weights on CUDA, in bytes.
+
+    ``(loading, dequantized, decoding)``: `quantize_on_load_bytes`, then for 4 bits the
+    `dequantized_transient` of a forward over ``rows`` tokens (``None``: a training step)
+    and of a decoding step over ``decode_rows`` (``None``: no generation).
+    """
+    if not weights.is_quantized:
+        return 0, 0, 0
+    shapes = quantized_shapes(spec, head=head)
+    loading = quantize_on_load_bytes(shapes, weights, bitsandbytes_version=version)
+    if weights.bits != 4:
+        return loading, 0, 0
+    common: dict[str, Any] = {"base": base, "version": version}
+    dequantized = dequantized_transient(shapes, compute, rows=rows, notes=notes, **common)
+    decoding = 0
+    if decode_rows is not None:
+        decoding = dequantized_transient(shapes, compute, rows=decode_rows, notes=[], **common)
+    return loading, dequantized, decoding

@@ -41,12 +41,7 @@ from torchfit.memory.analytic.moe import (
     moe_backward_width,
     moe_block_terms,
 )
-from torchfit.memory.analytic.quantized import (
-    dequantized_weight_bytes,
-    quantize_on_load_bytes,
-    quantized_shapes,
-    with_loading,
-)
+from torchfit.memory.analytic.quantized import bitsandbytes_transients, with_loading
 from torchfit.memory.analytic.states import (
     adapters_for,
     chunked_loss_peak,
@@ -195,18 +190,19 @@ def estimate_transformer(
     )
     if settings.inputs_kept:
         notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
-    dequantized = 0
-    if weights_format.bits == 4 and device == "cuda" and (training or batch_size * seq_len > 1):
-        dequantized = dequantized_weight_bytes(spec, compute, head=quantize_head)
-        notes.append(
-            f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: "
-            f"{dequantized:,} bytes at most"
+    loading, dequantized, decoding = (0, 0, 0)
+    if device == "cuda":
+        loading, dequantized, decoding = bitsandbytes_transients(
+            spec,
+            weights_format,
+            compute,
+            head=quantize_head,
+            base=base_dtype,
+            version=bitsandbytes_version,
+            rows=None if training else batch_size * seq_len,
+            decode_rows=None if new_tokens is None else batch_size,
+            notes=notes,
         )
-    loading = 0
-    if weights_format.is_quantized and device == "cuda":
-        shapes = quantized_shapes(spec, head=quantize_head)
-        version = bitsandbytes_version
-        loading = quantize_on_load_bytes(shapes, weights_format, bitsandbytes_version=version)
     if not training:
         found = inference_estimate(
             spec,
@@ -217,6 +213,7 @@ def estimate_transformer(
             use_cache=use_cache,
             notes=notes,
             dequantized=dequantized,
+            decode_dequantized=decoding,
             new_tokens=new_tokens,
         )
         return with_loading(found, loading)

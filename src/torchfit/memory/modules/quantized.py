@@ -12,8 +12,8 @@ later). This module puts in place of the 16-bit weights what bitsandbytes holds:
   ``quantize_head`` adds the head;
 * every other parameter in the compute dtype, as the closed form counts it, and the
   adapters in fp32 under mixed precision;
-* on CUDA, as the closed form adds it, the compute-dtype copy of the largest 4-bit weight
-  that ``MatMul4Bit`` dequantizes for one matmul (`dequantized_bytes`).
+* on CUDA, as the closed form adds it, the copy of the largest 4-bit weight that
+  ``MatMul4Bit`` dequantizes for one matmul (`dequantized_transient`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torchfit._core.step import Mode, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.quantized import (
     check_quantize_head,
-    dequantized_bytes,
+    dequantized_transient,
     linear_bytes,
     quantize_on_load_bytes,
     with_loading,
@@ -115,9 +115,13 @@ def quantized_meta_pass(
     double_quant: bool,
     head: bool,
     bitsandbytes_version: str | None,
+    base_dtype: DType | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """`by_meta_pass` with the base in bitsandbytes ``weights`` (``options["dtype"]`` computes).
+
+    ``base_dtype``: the dtype the 4-bit weights were quantized from (default: the compute
+    dtype), which bitsandbytes dequantizes them back to.
 
     Training without adapters assumes PEFT's default LoRA, as the closed form does.
 
@@ -164,15 +168,18 @@ def quantized_meta_pass(
     )
     notes += _subclass_note(base, layers)
     found = found.replace(weights=held, notes=_restated(found.notes, trainable))
-    one_token = options["batch_size"] == 1 and seq_len == 1  # gemv_4bit: no copy
-    if weights.bits == 4 and options.get("device") == "cuda" and (training or not one_token):
-        copy = dequantized_bytes(layers.values(), compute)
-        notes.append(
-            f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul: {copy:,} "
-            "bytes at most"
+    if weights.bits == 4 and options.get("device") == "cuda":
+        decoding = found.peak_at == "last decoding step"
+        rows = options["batch_size"] * (1 if decoding else seq_len or 1)
+        copy = dequantized_transient(
+            layers.values(),
+            compute,
+            base=base_dtype,
+            rows=None if training else rows,
+            version=bitsandbytes_version,
+            notes=notes,
         )
-        decoding = found.peak_at == "last decoding step" and options["batch_size"] == 1
-        if not training and not decoding:  # one token at a time: gemv_4bit, no copy
+        if not training:
             found = found.replace(activations=found.activations + copy)
         elif found.peak_at != "optimizer step":
             found = found.replace(workspace=found.workspace + copy)
