@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import published_cases as published
 import torch
-from published_models import rasbt_step, torchvision_vit_l_16
+from published_models import adam_of, rasbt_step, torchvision_vit_l_16
 
 from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, to_device
 from torchfit.memory.catalog.resolve import resolve_model
@@ -359,8 +359,8 @@ def _traced(case: published.Case) -> Trace:
         raise NotExpressible(f"precision {case.precision!r} in a traced loop (CUDA autocast)")
     model = MODULES[case.model]().to(dtype)
     parameters = model.parameters()
-    optimizer = (
-        torch.optim.Adam(parameters, lr=5e-5)  # the scripts' Adam(lr=5e-5), SGD(lr=0.01)
+    optimizer = (  # the scripts' Adam(lr=5e-5), as their PyTorch ran it; SGD(lr=0.01)
+        adam_of(case.cuda_torch)(parameters, lr=5e-5)
         if case.optimizer == "adam"
         else torch.optim.SGD(parameters, lr=0.01)
     )

@@ -8,6 +8,9 @@ Linear, Dropout) with ``vit_l_16``'s sizes (patch 16, 24 layers, 16 heads, width
 MLP 4096, no dropout, LayerNorm eps 1e-6). Parameter names and initialisation are not
 copied: only what holds memory (parameter shapes, the ops of ``forward``) matters here.
 
+``AdamBefore104780`` is ``torch.optim.Adam``'s multi-tensor step as PyTorch ran it until
+July 2023, for runs made with a PyTorch of that time (`adam_of`).
+
 The runs that used it are traced with their own training loop (`rasbt_step`), torchfit's
 ``trace_step`` on fake tensors, since torchfit's meta-device pass models only a loop that
 frees the gradients before the forward.
@@ -15,13 +18,14 @@ frees the gradients before the forward.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["TorchvisionViT", "rasbt_step", "torchvision_vit_l_16"]
+__all__ = ["AdamBefore104780", "TorchvisionViT", "adam_of", "rasbt_step", "torchvision_vit_l_16"]
 
 
 class _EncoderBlock(nn.Module):
@@ -110,3 +114,63 @@ def rasbt_step(*, accumulation: int) -> Callable[..., None]:
                     optimizer.zero_grad()
 
     return step
+
+
+class AdamBefore104780(torch.optim.Optimizer):
+    """Adam's multi-tensor (``foreach``) step as PyTorch ran it before pytorch/pytorch#104780.
+
+    Until that change (merged 10 July 2023; in 2.1.0, not in 2.0.x) the step built the
+    denominator out of place: ``sqrt(v) / bias_correction2_sqrt`` as one list, then
+    ``+ eps`` as a second, both the size of every parameter and alive together until the
+    update (pytorch/pytorch#97712: "Foreach optimizers use higher memory due to
+    intermediates"). PyTorch 2.1 and later hold one such list, as the installed Adam does.
+    The arithmetic is Adam's (no weight decay, no amsgrad: what the runs used); only the
+    order of allocations matters here.
+    """
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999)):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": 1e-8})
+
+    @torch.no_grad()
+    def step(self) -> None:  # type: ignore[override]  # no closure: the loops pass none
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:  # lazily, on the first step, as torch.optim.Adam does
+                if not self.state[p]:
+                    self.state[p].update(
+                        step=torch.tensor(0.0),
+                        exp_avg=torch.zeros_like(p),
+                        exp_avg_sq=torch.zeros_like(p),
+                    )
+            grads = [p.grad for p in params]
+            first = [self.state[p]["exp_avg"] for p in params]
+            second = [self.state[p]["exp_avg_sq"] for p in params]
+            steps = [self.state[p]["step"] for p in params]
+            beta1, beta2 = group["betas"]
+            torch._foreach_add_(steps, 1)
+            torch._foreach_lerp_(first, grads, 1 - beta1)
+            torch._foreach_mul_(second, beta2)
+            torch._foreach_addcmul_(second, grads, grads, 1 - beta2)
+            counts = [int(s.item()) for s in steps]
+            root = torch._foreach_sqrt(second)  # noqa: SLF001  # the first intermediate list
+            torch._foreach_div_(root, [(1 - beta2**k) ** 0.5 for k in counts])
+            denominator = torch._foreach_add(root, group["eps"])  # noqa: SLF001  # the second
+            sizes = [-group["lr"] / (1 - beta1**k) for k in counts]
+            torch._foreach_addcdiv_(params, first, denominator, sizes)
+
+
+def adam_of(torch_version: str | None) -> type[torch.optim.Optimizer]:
+    """The Adam a run with ``torch_version`` (as its source writes it) stepped with.
+
+    Example:
+        >>> adam_of("torch 2.1.0.dev20230623+cu118").__name__, adam_of("torch 2.1.0").__name__
+        ('AdamBefore104780', 'Adam')
+    """
+    found = re.search(r"torch (\d+)\.(\d+)\.\d+(?:\.dev(\d{8}))?", torch_version or "")
+    if found is None:
+        return torch.optim.Adam
+    major, minor, nightly = int(found[1]), int(found[2]), found[3]
+    before = (major, minor) < (2, 1) or (
+        (major, minor) == (2, 1) and nightly is not None and nightly < "20230711"
+    )
+    return AdamBefore104780 if before else torch.optim.Adam

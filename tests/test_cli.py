@@ -243,3 +243,11 @@ def test_trust_remote_code_is_asked_for_and_says_what_it_runs(capsys, monkeypatc
     err = capsys.readouterr().err
     assert "may run its repository's Python code" in err
     assert err.splitlines()[-1].startswith("torchfit: error:")
+
+
+def test_plan_a_4bit_base_quantized_from_fp16_counts_both_copies(capsys):
+    argv = ["plan", "llama-2-7b", "--gpu", "RTX 3060", "--seq", "512", "--dtype", "nf4"]
+    assert main([*argv, "--precision", "bf16-true", "--base-dtype", "fp16"]) == 0
+    out = capsys.readouterr().out
+    # down_proj (11008 x 4096) dequantized to fp16, then copied to bf16
+    assert f"(to fp16, then a bf16 copy): {11008 * 4096 * 4:,} bytes" in out

@@ -179,6 +179,7 @@ CONTRADICTIONS = [
     ([*PLAN, "--no-double-quant"], ("--no-double-quant",)),
     ([*PLAN, "--bitsandbytes-version", "0.41.1"], ("--bitsandbytes-version",)),
     ([*PLAN, "--base-dtype", "bf16"], ("--base-dtype",)),
+    ([*PLAN, "--dtype", "int8", "--inference", "--base-dtype", "fp16"], ("--base-dtype",)),
     ([*PLAN, "--gpus-per-node", "4"], ("--gpus-per-node",)),
     ([*PLAN, "--input-shape", "3,224,224"], ("--input-shape",)),
     ([*PLAN, "--seq", "99999"], ("--seq",)),

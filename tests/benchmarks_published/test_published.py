@@ -178,3 +178,44 @@ def test_litgpt_phi_runs_use_the_fused_tanh_gelu_litgpt_calls():
     assert config.hidden_act == "gelu"  # already PyTorch's kernel: left as it is
     assert kwargs["lora_targets"] == ["query", "value"]
     assert kwargs["loss_chunk_size"] == 128
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("torch 2.1.0.dev20230623+cu118", "AdamBefore104780"),
+        ("torch 2.0.1", "AdamBefore104780"),
+        ("torch 2.1.0.dev20230801", "Adam"),
+        ("PyTorch 2.1.0+cu121", "Adam"),
+        ("torch version not stated", "Adam"),
+    ],
+)
+def test_a_run_is_traced_with_the_adam_of_its_pytorch(written, expected):
+    assert published_models.adam_of(written).__name__ == expected
+
+
+def _step_peak(optimizer_class):
+    from torchfit.memory import measure_peak
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = optimizer_class(net.parameters(), lr=1e-3)
+    net(torch.randn(4, 256)).sum().backward()
+    opt.step()  # the state exists, as in a steady step
+    net(torch.randn(4, 256)).sum().backward()
+    return measure_peak(opt.step, track=(net, opt)).increment, net
+
+
+def test_the_june_2023_adam_holds_one_more_parameter_sized_list_than_todays():
+    """Real CPU allocations: the step before #104780 adds sqrt(v)/bc and + eps out of place."""
+    params = 2 * (256 * 256 + 256) * 4
+    today, _ = _step_peak(lambda p, lr: torch.optim.Adam(p, lr=lr, foreach=True))
+    before, _ = _step_peak(published_models.AdamBefore104780)
+    assert before - today == params
+
+
+def test_the_june_2023_adam_updates_as_adam_does():
+    _, reference = _step_peak(lambda p, lr: torch.optim.Adam(p, lr=lr, foreach=True))
+    _, replayed = _step_peak(published_models.AdamBefore104780)
+    for a, b in zip(reference.parameters(), replayed.parameters(), strict=True):
+        torch.testing.assert_close(a, b)

@@ -86,7 +86,8 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         "--base-dtype",
         default=None,
         type=values.dtype,
-        help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's)",
+        help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's); "
+        "with 4-bit weights, the dtype they were quantized from (fp16 for Lightning Fabric)",
     )
     plan.add_argument(
         "--quantize-head",
@@ -124,8 +125,8 @@ def refuse_idle_flags(args: argparse.Namespace) -> None:
     idle = [
         (not args.double_quant and not four_bit, "--no-double-quant", bits),
         (args.bitsandbytes_version is not None and not four_bit, "--bitsandbytes-version", bits),
-        (args.base_dtype is not None and not lora, "--base-dtype",
-         "a frozen base (--lora-rank, --lora-targets or --trainable-params)"),
+        (args.base_dtype is not None and not (lora or four_bit), "--base-dtype",
+         "a frozen base (--lora-rank, --lora-targets or --trainable-params) or 4-bit weights"),
         (args.gpus_per_node is not None and args.strategy is None, "--gpus-per-node",
          "a --strategy (hsdp shards within a node; offload shares a node's memory)"),
     ]  # fmt: skip
