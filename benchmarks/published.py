@@ -349,14 +349,16 @@ def _bitsandbytes(case: published.Case, kwargs: dict[str, Any]) -> None:
 
 
 #: The dtype of a traced run's model (Fabric's "bf16-true" converts the model and inputs).
-_TRACED_DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16}
+_TRACED_DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16, "fp16-mixed": torch.float32}
+#: Fabric's "16-mixed": the module's forward under torch.autocast("cuda", torch.float16).
+_TRACED_AUTOCAST = {"fp16-mixed": torch.float16}
 
 
 def _traced(case: published.Case) -> Trace:
     """``case``'s own loop traced on fake tensors (a model in `MODULES`)."""
     dtype = _TRACED_DTYPES.get(str(case.precision))
-    if dtype is None:  # trace_step autocasts with torch.autocast("cpu"), not CUDA's op lists
-        raise NotExpressible(f"precision {case.precision!r} in a traced loop (CUDA autocast)")
+    if dtype is None:
+        raise NotExpressible(f"precision {case.precision!r} in a traced loop")
     model = MODULES[case.model]().to(dtype)
     parameters = model.parameters()
     optimizer = (  # the scripts' Adam(lr=5e-5), as their PyTorch ran it; SGD(lr=0.01)
@@ -367,7 +369,8 @@ def _traced(case: published.Case) -> Trace:
     batch, side = case.batch_size or 1, case.seq_len or 224
     images = torch.zeros(batch, 3, side, side, dtype=dtype, device="meta")
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
-    step = rasbt_step(accumulation=case.gradient_accumulation_steps or 1)
+    autocast = _TRACED_AUTOCAST.get(str(case.precision))
+    step = rasbt_step(accumulation=case.gradient_accumulation_steps or 1, autocast=autocast)
     return trace_step(step, model, optimizer, images, labels, device="cuda", warmup=1)
 
 

@@ -90,7 +90,7 @@ def torchvision_vit_l_16(*, classes: int = 1000) -> TorchvisionViT:
         )
 
 
-def rasbt_step(*, accumulation: int) -> Callable[..., None]:
+def rasbt_step(*, accumulation: int, autocast: torch.dtype | None = None) -> Callable[..., None]:
     """One optimizer step of rasbt/pytorch-memory-optim's ViT loop, as its scripts order it.
 
     01_pytorch-vit.py (and 01-2, 02, 03, 04) @ f6eddcd28c40770a097ffd9f18797a043457a2d0,
@@ -98,12 +98,15 @@ def rasbt_step(*, accumulation: int) -> Callable[..., None]:
     ``backward``, ``optimizer.step()``: zero_grad comes after the forward, so the previous
     step's gradients are alive through every forward. 05_gradient-accum.py and
     06_sgd-with-scheduler.py: forward, ``loss / accumulation_steps``, backward, and every
-    ``accumulation_steps`` micro-batches ``step()`` then ``zero_grad()``.
+    ``accumulation_steps`` micro-batches ``step()`` then ``zero_grad()``. ``autocast``:
+    Fabric's ``"16-mixed"`` (02_mixed-precision.py) runs the module's forward under
+    ``torch.autocast("cuda", dtype=torch.float16)``; the loss is computed outside it.
     """
 
     def step(model: nn.Module, optimizer: Any, images: torch.Tensor, labels: torch.Tensor) -> None:
         for micro in range(accumulation):
-            logits = model(images)
+            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+                logits = model(images)
             loss = nn.functional.cross_entropy(logits, labels) / accumulation
             if accumulation == 1:
                 optimizer.zero_grad()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchfit.memory import trace
+from torchfit.memory import trace, trace_step
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
 
 BF16 = torch.bfloat16
@@ -85,3 +85,41 @@ def test_a_cuda_trace_under_autocast_keeps_fp32_probabilities():
     probabilities = 2 * 4 * 4 * 128 * 128
     assert cuda.activations - cpu.activations >= probabilities * 2
     assert any("CUDA's op lists" in note for note in cuda.notes)
+
+
+# --- the step's own torch.autocast("cuda") in a CUDA-target trace_step -----------------
+
+
+def _amp_step(device_type, *, enabled=True):
+    def step(model, optimizer, x):
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+        with torch.autocast(device_type, dtype=torch.float16, enabled=enabled):
+            loss = torch.softmax(model(x), -1).square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    return step
+
+
+def _net():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    return net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(32, 64)
+
+
+def test_a_steps_cuda_autocast_is_traced_as_cuda_runs_it():
+    cuda = trace_step(_amp_step("cuda"), *_net(), device="cuda")
+    cpu_lists = trace_step(_amp_step("cpu"), *_net(), device="cuda")  # CUDA's lists on CPU
+    fp32 = trace_step(_amp_step("cuda", enabled=False), *_net(), device="cuda")
+    assert cuda.estimate.total == cpu_lists.estimate.total
+    assert cuda.estimate.total != fp32.estimate.total  # was equal: autocast("cuda") was off
+    assert any("torch.autocast('cuda', dtype=torch.float16)" in n for n in cuda.estimate.notes)
+
+
+def test_torch_autocast_is_itself_again_after_the_trace():
+    trace_step(_amp_step("cuda"), *_net(), device="cuda")
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        region = torch.autocast("cuda", dtype=torch.float16)
+    assert not region._enabled

@@ -30,6 +30,7 @@ __all__ = [
     "CUDA_LOWER_PRECISION",
     "CUDA_PROMOTE",
     "cuda_autocast_on_cpu",
+    "cuda_autocast_runs_on_cpu",
 ]
 
 #: CUDA runs these in the autocast dtype (``AT_FORALL_LOWER_PRECISION_FP`` and the
@@ -290,3 +291,45 @@ def cuda_autocast_on_cpu() -> Iterator[None]:
         yield
     finally:
         library._destroy()  # type: ignore[no-untyped-call]  # noqa: SLF001 - unregisters all
+
+
+@contextlib.contextmanager
+def cuda_autocast_runs_on_cpu(entered: list[torch.dtype]) -> Iterator[None]:
+    """While active, the step's own ``torch.autocast("cuda", ...)`` autocasts the CPU.
+
+    A CUDA-target trace runs on CPU tensors, where ``torch.autocast("cuda")`` (and
+    ``torch.cuda.amp.autocast``) does nothing but warn that CUDA is missing: the usual
+    AMP loop would be traced in fp32. Here it becomes ``torch.autocast("cpu")`` with the
+    same dtype (CUDA's default, float16, when none is given), which `cuda_autocast_on_cpu`
+    gives CUDA's op lists. Each dtype entered is appended to ``entered``. Restored on exit.
+
+    Example:
+        >>> seen = []
+        >>> with cuda_autocast_runs_on_cpu(seen), torch.autocast("cuda"):
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.float16
+        >>> seen
+        [torch.float16]
+    """
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__init__
+
+    def init(
+        self: Any,
+        device_type: str,
+        dtype: torch.dtype | None = None,
+        enabled: bool = True,  # noqa: FBT001, FBT002 - torch.autocast's own signature
+        cache_enabled: bool | None = None,  # noqa: FBT001
+    ) -> None:
+        if device_type == "cuda":
+            dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
+            device_type = "cpu"
+            if enabled:
+                entered.append(dtype)
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    autocast.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        autocast.__init__ = original  # type: ignore[method-assign]

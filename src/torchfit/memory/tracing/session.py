@@ -17,7 +17,7 @@ from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.rng import kept_rng
 from torchfit._core.units import format_bytes
 from torchfit.memory.catalog.build import experts_on_fake_tensors
-from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
+from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu, cuda_autocast_runs_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
 from torchfit.memory.tracing.fake import fake_copy, reachable_tensors
@@ -65,6 +65,7 @@ class Session:
     tracker: Tracker = dataclasses.field(init=False)
     handles: list[Any] = dataclasses.field(default_factory=list)
     kinds: dict[str, str] = dataclasses.field(default_factory=dict)
+    cuda_autocasts: list[torch.dtype] = dataclasses.field(default_factory=list)
 
 
 def new_fake_mode() -> FakeTensorMode:
@@ -157,6 +158,7 @@ def _step_context(session: Session, sdpa: FusedSdpa | None) -> Iterator[None]:
             stack.enter_context(sdpa.installed())
         if session.device == "cuda":
             stack.enter_context(cuda_autocast_on_cpu())
+            stack.enter_context(cuda_autocast_runs_on_cpu(session.cuda_autocasts))
         if "transformers" in sys.modules:  # a model of transformers: its MoE experts
             stack.enter_context(experts_on_fake_tensors())
         if session.autocast_dtype is not None:
@@ -227,6 +229,12 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
     autocast = session.autocast_dtype is not None or "autocast" in session.describe
     if session.autocast_dtype is not None:
         notes.append(f"autocast: torch.autocast('cpu', dtype={session.autocast_dtype})")
+    if session.cuda_autocasts:
+        autocast = True
+        dtypes = ", ".join(sorted({str(d) for d in session.cuda_autocasts}))
+        notes.append(
+            f"the step's torch.autocast('cuda', dtype={dtypes}) runs on the fake CPU tensors"
+        )
     if autocast and session.device == "cuda":
         notes.append(
             "autocast with CUDA's op lists (aten/src/ATen/autocast_mode.h): softmax, "

@@ -70,7 +70,9 @@ def trace_step(
         *args: Passed to ``fn`` (as fake copies).
         device: ``"cpu"`` or ``"cuda"``, as in `trace`.
         warmup: Steps run before the measured one (1: optimizer state exists).
-        autocast_dtype: Run under ``torch.autocast("cpu", dtype=...)``.
+        autocast_dtype: Run under ``torch.autocast("cpu", dtype=...)``. With
+            ``device="cuda"``, ``fn``'s own ``torch.autocast("cuda", ...)`` regions run
+            as CPU autocast with CUDA's op lists (the fake tensors are CPU tensors).
         progress: Show a tqdm progress bar.
         **kwargs: Passed to ``fn`` (as fake copies).
 
