@@ -33,7 +33,7 @@ from torchfit.memory.modules.chunked import ChunkedLoss
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["by_meta_pass"]
+__all__ = ["by_meta_pass", "meta_model"]
 
 
 #: Models built on meta for the fallback, by config: `fits` estimates one model many times.
@@ -41,8 +41,12 @@ _BUILT: dict[tuple[str, str], Any] = {}
 _KEEP = 4
 
 
-def _meta_model(config: Any, attention: str) -> Any:
-    """The model built on meta from its config (fp32; the pass casts), once per config."""
+def meta_model(config: Any, attention: str) -> Any:
+    """The model built on meta from its config (fp32; the pass casts), once per config.
+
+    Shared, not copied: callers that change it (adapters, quantized layers) wrap it or
+    read it only.
+    """
     key = (config.to_json_string(use_diff=False), attention)
     if key not in _BUILT:
         if len(_BUILT) >= _KEEP:
@@ -96,7 +100,7 @@ def by_meta_pass(
         raise ValueError(
             f"seq_len={seq} is beyond this model's {limit} positions; use seq_len <= {limit}"
         )
-    model = _meta_model(config, attention)
+    model = meta_model(config, attention)
     if adapters is not None:
         model = with_adapters(model, **adapters)
     training = parse_mode(options["mode"]).value == "train"
@@ -107,7 +111,7 @@ def by_meta_pass(
         run = LastLogits(model)
     with experts_on_fake_tensors():
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
-    built = type(_meta_model(config, attention)).__name__
+    built = type(meta_model(config, attention)).__name__
     method = (
         f"method: meta-device pass of {built} built from its config (no closed "
         f"form for model_type {config.model_type!r}); {seq} tokens per sample"

@@ -36,7 +36,7 @@ from torchfit.memory.analytic.quantized import (
     with_loading,
 )
 from torchfit.memory.modules.adapters import with_adapters
-from torchfit.memory.modules.configs import _meta_model, by_meta_pass
+from torchfit.memory.modules.configs import by_meta_pass, meta_model
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["meta_quantized_weight_bytes", "quantized_linears", "quantized_meta_pass"]
@@ -141,7 +141,7 @@ def quantized_meta_pass(
     notes: list[str] = []
     if training and adapters is None:
         adapters = {}
-    base = _meta_model(config, attention)
+    base = meta_model(config, attention)
     layers = quantized_linears(base, weights, head=head)
     found = by_meta_pass(config, seq_len=seq_len, attention=attention, adapters=adapters, **options)
     trainable = 0
