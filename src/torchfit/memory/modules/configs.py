@@ -141,6 +141,7 @@ def by_meta_pass(
             found,
             2 * tokens * vocab * FP32,
             model=model,
+            head=head,
             kept_output=kept,
             chunk=chunk,
             seq_len=seq,
@@ -149,7 +150,10 @@ def by_meta_pass(
     if not training:
         found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
     if not training and new_tokens is not None:
-        found = _generation(found, model, batch, parse_dtype(options["dtype"]), new_tokens)
+        vocab = int(head.weight.shape[0])
+        found = _generation(
+            found, model, batch, parse_dtype(options["dtype"]), new_tokens=new_tokens, vocab=vocab
+        )
     return found.replace(notes=(method, *found.notes))
 
 
@@ -168,7 +172,13 @@ class LastLogits(nn.Module):
 
 
 def _generation(
-    found: MemoryEstimate, model: nn.Module, batch: dict[str, Any], dtype: DType, new_tokens: int
+    found: MemoryEstimate,
+    model: nn.Module,
+    batch: dict[str, Any],
+    dtype: DType,
+    *,
+    new_tokens: int,
+    vocab: int,
 ) -> MemoryEstimate:
     """The prompt's pass (``found``, its cache apart) and the decoding steps after it."""
     ids = batch["input_ids"]
@@ -180,7 +190,7 @@ def _generation(
         kv_total=_cache_bytes(model, longer, dtype),
         num_layers=int(getattr(lm.config, "num_hidden_layers", 1) or 1),
         rows=int(ids.shape[0]),
-        vocab=int(lm.get_output_embeddings().weight.shape[0]),
+        vocab=vocab,
         itemsize=dtype.itemsize,
         new_tokens=new_tokens,
     )
@@ -264,6 +274,7 @@ def _with_loss_gradients(
     loss_grads: int,
     *,
     model: nn.Module,
+    head: nn.Module | None,
     kept_output: int,
     loop: Loop,
     dtype: str | DType,
@@ -282,8 +293,7 @@ def _with_loss_gradients(
     """
     compute = parse_dtype(dtype)
     saved = sum(layer.activations for layer in found.layers)
-    lm: Any = model
-    weight = getattr(lm.get_output_embeddings(), "weight", None)
+    weight = getattr(head, "weight", None)
     trained = weight is not None and weight.requires_grad
     summed = chunked_loss_peak(
         saved,
