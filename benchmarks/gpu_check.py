@@ -15,7 +15,10 @@ the analytic estimate and the CUDA-target trace of the same step, and the device
 (``max_new_tokens``): a long prompt (the prefill holds the peak) and a short one with many
 new tokens (the last decoding step does), ``max_memory_allocated`` against `estimate`.
 Last, loading the same model in nf4 and int8 with bitsandbytes and running one token,
-where quantizing the weights on the GPU at load is the peak.
+where quantizing the weights on the GPU at load is the peak; the nf4 model loaded in
+fp16 but computing in bf16 over a 2048-token prompt (bitsandbytes' dequantized copy);
+and a hand-written AMP step (``torch.autocast("cuda")`` around the forward) through
+`trace_step`, against the same step on the GPU.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from torchfit.memory import (
     current_gpu,
     estimate,
     measure_cuda_context,
+    measure_peak,
     measure_step,
     to_device,
     trace,
+    trace_step,
 )
 from torchfit.memory.catalog import build_model
 
@@ -218,6 +223,59 @@ def _loading_rows(folder: str) -> list[str]:
     return rows
 
 
+def _dequantized_row(folder: str) -> str:
+    """nf4 quantized from fp16, computed in bf16: a 2048-token forward against `estimate`."""
+    llama = _steps(quick=True)[2].config
+    config = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+    )
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        folder, quantization_config=config, dtype=torch.float16, device_map="cuda"
+    )
+    ids = torch.zeros(1, 2048, dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        model(ids)  # warm-up: cuBLAS handles, lazily loaded kernels
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats()
+        model(ids)
+    real = torch.cuda.max_memory_allocated()
+    found = estimate(
+        llama, batch_size=1, seq_len=2048, dtype="nf4", mode="inference", base_dtype="fp16"
+    )
+    del model
+    return (
+        f"| nf4 from fp16, bf16 compute, prompt 2048 | {format_bytes(real)} | "
+        f"{_err(found.total, real)} | {found.peak_at} |"
+    )
+
+
+def _amp_step(model: Any, optimizer: Any, ids: torch.Tensor) -> None:
+    """The AMP loop people write: autocast around the forward, scaled backward."""
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(input_ids=ids, labels=ids).loss
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
+def _amp_row() -> str:
+    """`trace_step` of `_amp_step` against the step on the GPU (after one warm-up step)."""
+    gpt2 = _steps(quick=True)[0].config
+    model = build_model(gpt2, device="cuda", dtype="fp32")
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, gpt2.vocab_size, (8, 512), device="cuda")
+    traced = trace_step(_amp_step, model, optimizer, ids, device="cuda")
+    _amp_step(model, optimizer, ids)
+    real = measure_peak(_amp_step, model, optimizer, ids, track=(model, optimizer, ids))
+    del model, optimizer
+    return (
+        f"| trace_step, GPT-2 6L-512 AMP step b8 s512 | {format_bytes(real.peak)} | "
+        f"{_err(traced.estimate.total, real.peak)} | {traced.estimate.peak_at} |"
+    )
+
+
 def main() -> int:
     """Print the context table, then one row per step."""
     parser = argparse.ArgumentParser()
@@ -241,6 +299,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for row in _loading_rows(folder):
             print(row, flush=True)
+        print(_dequantized_row(folder), flush=True)
+    print(_amp_row(), flush=True)
     return 0
 
 
