@@ -138,3 +138,13 @@ def test_a_quantized_base_dtype_is_refused_with_the_fix():
     config = transformers.LlamaConfig(**CONFIG)
     with pytest.raises(ValueError, match=r"base_dtype='nf4'.*fp32, fp16 or bf16.*dtype="):
         estimate(config, batch_size=1, seq_len=8, dtype="nf4", base_dtype="nf4")
+
+
+def test_the_meta_pass_counts_rows_of_the_sequence_it_runs_when_none_is_given():
+    config = transformers.BloomConfig(
+        vocab_size=1000, hidden_size=128, n_layer=2, n_head=4, tie_word_embeddings=True
+    )
+    common = dict(batch_size=1, dtype="nf4", device="cuda", mode="inference")
+    default = estimate(config, bitsandbytes_version="0.50.0", **common)  # 512 tokens
+    assert any("dequantizes" in note for note in default.notes)
+    assert "512 tokens per sample" in default.notes[0]

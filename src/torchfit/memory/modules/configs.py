@@ -33,12 +33,17 @@ from torchfit.memory.modules.chunked import ChunkedLoss
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["by_meta_pass", "meta_model"]
+__all__ = ["by_meta_pass", "meta_model", "pass_sequence"]
 
 
 #: Models built on meta for the fallback, by config: `fits` estimates one model many times.
 _BUILT: dict[tuple[str, str], Any] = {}
 _KEEP = 4
+
+
+def pass_sequence(config: Any, seq_len: int | None) -> Any:
+    """The tokens per sample of the pass: ``seq_len``, else the model's limit or 512."""
+    return seq_len if seq_len is not None else sequence_limit(config) or DEFAULT_SEQUENCE
 
 
 def meta_model(config: Any, attention: str) -> Any:
@@ -93,7 +98,7 @@ def by_meta_pass(
     ``generate`` does, and `generation_moments` adds the decoding steps.
     """
     limit = sequence_limit(config)
-    seq = seq_len if seq_len is not None else limit or DEFAULT_SEQUENCE
+    seq = pass_sequence(config, seq_len)
     if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
         raise ValueError(f"seq_len must be a positive integer; got {seq!r}")
     if limit is not None and seq > limit and not getattr(config, "is_encoder_decoder", False):

@@ -36,7 +36,7 @@ from torchfit.memory.analytic.quantized import (
     with_loading,
 )
 from torchfit.memory.modules.adapters import with_adapters
-from torchfit.memory.modules.configs import by_meta_pass, meta_model
+from torchfit.memory.modules.configs import by_meta_pass, meta_model, pass_sequence
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["meta_quantized_weight_bytes", "quantized_linears", "quantized_meta_pass"]
@@ -170,7 +170,7 @@ def quantized_meta_pass(
     found = found.replace(weights=held, notes=_restated(found.notes, trainable))
     if weights.bits == 4 and options.get("device") == "cuda":
         decoding = found.peak_at == "last decoding step"
-        rows = options["batch_size"] * (1 if decoding else seq_len or 1)
+        rows = options["batch_size"] * (1 if decoding else pass_sequence(config, seq_len))
         copy = dequantized_transient(
             layers.values(),
             compute,
