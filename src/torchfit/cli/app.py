@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from torchfit import __version__
 from torchfit._core.units import format_bytes
-from torchfit.cli import values
+from torchfit.cli import extras, values
 from torchfit.cli.flags import add_step_flags, refuse_idle_flags
 
 __all__ = ["main"]
@@ -189,7 +189,7 @@ def _plan(args: argparse.Namespace) -> int:
     card, _ = resolve_budget(args.gpu)
     target = [card] * args.gpus if args.gpus > 1 else card
     plan = fits(
-        _model_of(args),
+        extras.model_of(args),
         target,
         **{parameter: getattr(args, dest) for parameter, dest in _FITS.items()},
     )
@@ -201,8 +201,8 @@ def _plan(args: argparse.Namespace) -> int:
         from torchfit.memory.plan.plot import plot_plan  # noqa: PLC0415
 
         plot_plan(args.model, plan, args.plot)
-    traced = _traced(args, plan) if args.trace else None
-    placed = _device_map(args, plan) if args.device_map else None
+    traced = extras.traced(args, plan) if args.trace else None
+    placed = extras.device_map(args, plan) if args.device_map else None
     if args.json:
         data = plan.to_dict()
         if traced is not None:
@@ -227,114 +227,6 @@ def _wrote_plot(path: str | None, *, file: TextIO) -> None:
     """Say where ``--plot`` wrote its picture (nothing without ``--plot``)."""
     if path is not None:
         print(f"plot: {path} (device memory against batch size; the card's limit)", file=file)
-
-
-def _model_of(args: argparse.Namespace) -> Any:
-    """The name, or with --trust-remote-code the config read with the repository's code."""
-    if not args.trust_remote_code:
-        return args.model
-    from torchfit.memory.catalog import model_config  # noqa: PLC0415
-
-    print(
-        f"torchfit: --trust-remote-code: {args.model!r} may run its repository's Python code",
-        file=sys.stderr,
-    )
-    return model_config(args.model, trust_remote_code=True)
-
-
-def _device_map(args: argparse.Namespace, plan: Any) -> Any:
-    """The inference device map over ``--gpus`` cards for the plan's settings."""
-    from torchfit.memory.device_map import plan_device_map  # noqa: PLC0415
-
-    settings = plan.settings
-    if settings.mode != "inference":
-        raise ValueError(
-            "--device-map places the layers for inference (weights, KV cache, activations); "
-            "add --inference, or use --strategy for training across GPUs"
-        )
-    bits = {"int8": 8, "nf4": 4}.get(str(settings.dtype))
-    return plan_device_map(
-        args.model,
-        [args.gpu] * args.gpus,
-        batch_size=settings.batch_size,
-        seq_len=settings.seq_len,
-        dtype="auto" if bits else settings.dtype,
-        bits=bits,
-        attn_implementation=args.attn,
-    )
-
-
-def _traced(args: argparse.Namespace, plan: Any) -> Any:
-    """Trace the planned step of the model built on the meta device."""
-    import torch  # noqa: PLC0415
-
-    from torchfit.memory.catalog import build_model  # noqa: PLC0415
-    from torchfit.memory.catalog.build import experts_on_fake_tensors  # noqa: PLC0415
-    from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
-    from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
-
-    settings = plan.settings
-    if settings.dtype not in {"fp32", "bf16", "fp16"}:
-        raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {settings.dtype}")
-    untraceable = {
-        "--trainable-params": settings.trainable_params is not None,
-        "--lora-rank/--lora-targets": bool(settings.lora_rank or settings.lora_targets),
-        "--loss-chunk": settings.loss_chunk_size is not None,
-        "--new-tokens": settings.max_new_tokens is not None,
-        "--gpus/--strategy": settings.world_size > 1 or settings.strategy is not None,
-        "--offload-optimizer/--offload-params": (
-            settings.offload_optimizer or settings.offload_params
-        ),
-    }
-    asked = [flag for flag, on in untraceable.items() if on]
-    if asked:
-        raise ValueError(
-            f"--trace runs the plain model's step and cannot follow {', '.join(asked)}; "
-            "drop --trace, or trace your own step with torchfit.memory.trace"
-        )
-    train = settings.mode == "train"
-    model = build_model(_model_of(args), device="meta", dtype="fp32" if train else settings.dtype)
-    if train and settings.gradient_checkpointing:
-        enable = getattr(model, "gradient_checkpointing_enable", None)
-        if enable is None:
-            raise ValueError(
-                f"--trace with --checkpointing needs a transformers model; "
-                f"{type(model).__name__} has no gradient_checkpointing_enable()"
-            )
-        enable()
-    if settings.seq_len is not None:
-        batch = settings.batch_size
-        inputs: object = example_batch(
-            model, batch_size=batch, seq_len=settings.seq_len, training=train
-        )
-    else:
-        inputs = torch.zeros(settings.batch_size, *settings.input_shape, device="meta")
-    mixed = train and settings.dtype != "fp32" and settings.precision is None
-    loop = (
-        {
-            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-            "set_to_none": settings.set_to_none,
-            "keep_output": settings.keep_output,
-            "optimizer_in_backward": settings.optimizer_in_backward,
-        }
-        if train
-        else {}
-    )
-    with experts_on_fake_tensors():
-        return trace(
-            model,
-            inputs,
-            mode=settings.mode,
-            optimizer=None if settings.optimizer == "none" else settings.optimizer,
-            autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
-            if mixed
-            else None,
-            precision=settings.precision if train else None,
-            device="cuda",
-            progress=True,
-            gpu=plan.gpu,
-            **loop,
-        )
 
 
 def _gpus(args: argparse.Namespace) -> int:
