@@ -6,12 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchfit.memory import measure_peak
-from torchfit.memory.analytic.formulas import (
-    attention_bytes,
-    kv_cache_bytes,
-    model_state_bytes,
-    optimizer_state_bytes,
-)
+from torchfit.memory.analytic.formulas import attention_bytes, kv_cache_bytes
+from torchfit.memory.analytic.model_states import model_state_bytes, optimizer_state_bytes
 
 
 @given(

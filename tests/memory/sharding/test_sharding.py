@@ -228,7 +228,7 @@ def test_llama2_7b_on_a100_40gb():
     MixedPrecisionPolicy, and FSDP2 with the optimizer on the CPU.
     """
     from torchfit.memory import describe, estimate, gpu, model_config
-    from torchfit.memory.analytic.formulas import model_state_bytes
+    from torchfit.memory.analytic.model_states import model_state_bytes
 
     config = model_config("llama-2-7b")
     spec = describe(config)

@@ -3,11 +3,13 @@
 from torchfit.memory.analytic.arch import Family, TransformerSpec, describe
 from torchfit.memory.analytic.formulas import (
     AttentionImpl,
-    ModelStates,
     attention_bytes,
     dropout_mask_bytes,
     kv_cache_bytes,
     kv_cache_bytes_for,
+)
+from torchfit.memory.analytic.model_states import (
+    ModelStates,
     model_state_bytes,
     optimizer_state_bytes,
 )

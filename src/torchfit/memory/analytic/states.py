@@ -14,8 +14,8 @@ from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core.step import Loop
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
-from torchfit.memory.analytic.formulas import ModelStates
 from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
+from torchfit.memory.analytic.model_states import ModelStates
 
 __all__ = [
     "adapters_for",

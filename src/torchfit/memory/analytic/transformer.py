@@ -27,15 +27,10 @@ from torchfit.memory.analytic.blocks import (
     head_terms,
     mlp_backward_width,
 )
-from torchfit.memory.analytic.formulas import (
-    FP32,
-    INT64,
-    ModelStates,
-    model_state_bytes,
-    parse_attention,
-)
+from torchfit.memory.analytic.formulas import FP32, INT64, parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
+from torchfit.memory.analytic.model_states import ModelStates, model_state_bytes
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
     moe_backward_width,

@@ -20,7 +20,8 @@ from torch.utils._pytree import tree_map
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.formulas import FP32, model_state_bytes
+from torchfit.memory.analytic.formulas import FP32
+from torchfit.memory.analytic.model_states import model_state_bytes
 from torchfit.memory.kernels.calls import scratch_of
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.layout import cpu_layout

@@ -182,7 +182,7 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
     """shard_estimate's arguments for a 16-bit FSDP2 MixedPrecisionPolicy (none without)."""
     if settings.param_dtype is None:
         return {}
-    from torchfit.memory.analytic.formulas import model_state_bytes  # noqa: PLC0415
+    from torchfit.memory.analytic.model_states import model_state_bytes  # noqa: PLC0415
 
     copies = model_state_bytes(
         params=spec.num_params,
