@@ -29,13 +29,13 @@ from torchfit.memory.allocator.context import (
     given_context,
     parse_cuda_version,
 )
-from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.knobs import ESTIMATE_RULES
 from torchfit.memory.plan.advice import Advice, advise
-from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions, transformer_spec
+from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
+from torchfit.memory.plan.sharded import per_rank, shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
@@ -118,7 +118,7 @@ class Plan:
 def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
     single = estimate(model, device="cuda", **settings.kwargs())
     if settings.strategy is not None and settings.mode == "train":
-        single = _per_rank(model, settings, single)
+        single = per_rank(model, settings, single)
     placed = to_device(single, gpu=card, **settings.device())
     if settings.mode != "train":
         return placed
@@ -130,68 +130,6 @@ NOT_MODELLED = (
     "not modelled: torch.compile (it fuses ops and frees differently), activations "
     "offloaded to the CPU, fused linear cross-entropy (Liger)"
 )
-
-
-def _shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
-    """FSDP2's MixedPrecisionPolicy param dtype, checked: 16-bit, and only with FSDP."""
-    if param_dtype is None:
-        return None
-    kind = None if strategy is None else parse_strategy(strategy).value
-    chosen = parse_dtype(param_dtype)
-    if kind not in {"fsdp", "hsdp"} or chosen not in {DType.BF16, DType.FP16}:
-        raise ValueError(
-            f"param_dtype={str(param_dtype)!r} with strategy={strategy!r}: param_dtype is "
-            "FSDP2's MixedPrecisionPolicy(param_dtype=...), 'bf16' or 'fp16', with "
-            "strategy='fsdp'; drop it, or pass strategy='fsdp'"
-        )
-    return str(chosen.value)
-
-
-def _per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEstimate:
-    """The per-rank estimate under a data-parallel strategy (`shard_estimate`)."""
-    from torchfit.memory.sharding import shard_estimate  # noqa: PLC0415
-
-    spec = transformer_spec(model)
-    if spec is None or settings.strategy is None:
-        raise ValueError("strategy= needs a transformers config or a catalog name")
-    # the start of backward as its own moment: activations alive, no gradients yet
-    # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
-    frozen = adapters_only(settings.trainable_params, spec.num_params)
-    kwargs = {**settings.kwargs(), "trainable_params": 1, "frozen_base": frozen}
-    start = estimate(model, device="cuda", **kwargs)
-    block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
-    sharded = shard_estimate(
-        single,
-        strategy=settings.strategy,
-        backward_start=start,
-        world_size=settings.world_size,
-        params=settings.trainable_params or spec.num_params,
-        largest_layer_params=max(block, spec.embedding_params, spec.head_params),
-        offload_optimizer=settings.offload_optimizer,
-        offload_params=settings.offload_params,
-        gpus_per_node=settings.gpus_per_node,
-        **_policy(spec, settings),
-    )
-    if settings.param_dtype is None:
-        return sharded
-    policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.param_dtype}): 16-bit gathers"
-    return sharded.replace(notes=(*sharded.notes, policy))
-
-
-def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
-    """shard_estimate's arguments for a 16-bit FSDP2 MixedPrecisionPolicy (none without)."""
-    if settings.param_dtype is None:
-        return {}
-    from torchfit.memory.analytic.model_states import model_state_bytes  # noqa: PLC0415
-
-    copies = model_state_bytes(
-        params=spec.num_params,
-        dtype=settings.dtype,
-        mixed_precision=True,
-        autocast_params=spec.linear_params,
-    ).autocast_copies
-    # gathered 16-bit parameters feed autocast 16-bit tensors: its weight copies go away
-    return {"param_bytes": 2, "autocast_copies": copies}
 
 
 def _lora_settings(
@@ -360,7 +298,7 @@ def fits(
         world_size=count,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
-        param_dtype=_shard_param_dtype(param_dtype, strategy),
+        param_dtype=shard_param_dtype(param_dtype, strategy),
         gpus_per_node=gpus_per_node,
         precision=None if precision is None else parse_precision_name(precision).value,
         gradient_accumulation_steps=gradient_accumulation_steps,
