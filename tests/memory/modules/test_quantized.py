@@ -343,15 +343,11 @@ def test_quantize_head_counts_an_untied_head_in_4_bits():
         ({"dtype": "bf16", "quantize_head": True}, "needs quantized weights.*got dtype='bf16'"),
         ({"dtype": "nf4", "precision": "32-true"}, "precision='bf16-true'"),
         (
-            {"dtype": "nf4", "mode": "train", "bitsandbytes_version": "0.41.1"},
-            "bitsandbytes_version='0.41.1'.*pass bitsandbytes_version='0.43.2' or later",
-        ),
-        (
             {"dtype": "nf4", "mode": "train", "gradient_checkpointing": True},
             "does not model gradient_checkpointing",
         ),
     ],
-    ids=["tied-head", "head-unquantized", "fp32-compute", "old-bitsandbytes", "checkpointing"],
+    ids=["tied-head", "head-unquantized", "fp32-compute", "checkpointing"],
 )
 def test_bad_combinations_name_the_value_and_the_fix(kwargs, message):
     kwargs = {"mode": "inference", **kwargs}
@@ -368,3 +364,45 @@ def test_int8_and_4bit_weights_against_the_16_bit_estimate():
     # each int8 weight: one byte instead of two, plus one fp32 scale per output row
     assert bf16 - int8 == sum(o * i - 4 * o for o, i in shapes)
     assert nf4 < int8
+
+
+# --- bitsandbytes before 0.43.2: every 4-bit Linear keeps its input -----------------------
+def _qlora_pass(version):
+    from torchfit._core.step import Loop
+    from torchfit.memory.modules.quantized import quantized_meta_pass
+
+    return quantized_meta_pass(
+        _llama(),
+        weights=DType.NF4,
+        seq_len=32,
+        attention="sdpa",
+        adapters={"rank": 8, "targets": ["q_proj", "v_proj"]},
+        double_quant=True,
+        head=False,
+        bitsandbytes_version=version,
+        base_dtype=DType.FP16,  # the same dequantized copies for both versions
+        batch_size=2,
+        dtype=DType.BF16,
+        mode="train",
+        optimizer="adamw",
+        mixed_precision=None,
+        device="cuda",
+        loop=Loop(),
+    )
+
+
+def test_old_bitsandbytes_keeps_the_inputs_nothing_else_saves():
+    old, new = _qlora_pass("0.41.1"), _qlora_pass("0.43.2")
+    tokens, bf16 = 2 * 32, 2
+    # per layer, new: the input of gate/up (the second norm's output) and of down_proj
+    # (the MLP product); q/k/v's input is lora_A's too, o_proj's is SDPA's saved output
+    assert old.total - new.total == 2 * tokens * (64 + 160) * bf16
+    assert any("keeps its input for backward" in note for note in old.notes)
+    assert not any("keeps its input for backward" in note for note in new.notes)
+
+
+def test_old_bitsandbytes_in_a_qlora_estimate_leaves_the_shared_model_as_it_was():
+    kwargs = {"batch_size": 1, "seq_len": 16, "dtype": "nf4", "mode": "train"}
+    before = estimate(_falcon(), bitsandbytes_version="0.43.2", **kwargs)
+    estimate(_falcon(), bitsandbytes_version="0.41.1", **kwargs)
+    assert estimate(_falcon(), bitsandbytes_version="0.43.2", **kwargs) == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ def by_meta_pass(
     frozen_dtype: DType | None = None,
     loss_chunk: int | None = None,
     new_tokens: int | None = None,
+    prepare: Callable[[nn.Module], None] | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
@@ -96,6 +98,9 @@ def by_meta_pass(
     a time (`ChunkedLoss`), and those gradients are one chunk's. With ``new_tokens``
     (inference), the prompt's forward asks for the last position's logits only, as
     ``generate`` does, and `generation_moments` adds the decoding steps.
+
+    ``prepare`` changes the adapted copy before the pass (never the shared base model):
+    it needs ``adapters``.
     """
     limit = sequence_limit(config)
     seq = pass_sequence(config, seq_len)
@@ -105,9 +110,7 @@ def by_meta_pass(
         raise ValueError(
             f"seq_len={seq} is beyond this model's {limit} positions; use seq_len <= {limit}"
         )
-    model = meta_model(config, attention)
-    if adapters is not None:
-        model = with_adapters(model, **adapters)
+    model = _pass_model(config, attention, adapters, prepare)
     training = parse_mode(options["mode"]).value == "train"
     batch = example_batch(model, batch_size=options["batch_size"], seq_len=seq, training=training)
     chunk = loss_chunk if training and "labels" in batch else None
@@ -160,6 +163,23 @@ def by_meta_pass(
             found, model, batch, parse_dtype(options["dtype"]), new_tokens=new_tokens, vocab=vocab
         )
     return found.replace(notes=(method, *found.notes))
+
+
+def _pass_model(
+    config: Any,
+    attention: str,
+    adapters: dict[str, Any] | None,
+    prepare: Callable[[nn.Module], None] | None,
+) -> Any:
+    """The model the pass runs: the shared meta model, or its adapted copy, prepared."""
+    model = meta_model(config, attention)
+    if adapters is not None:
+        model = with_adapters(model, **adapters)
+    if prepare is not None:
+        if adapters is None:
+            raise ValueError("prepare= changes the adapted copy; it needs adapters=")
+        prepare(model)
+    return model
 
 
 class LastLogits(nn.Module):

@@ -18,10 +18,12 @@ later). This module puts in place of the 16-bit weights what bitsandbytes holds:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import math
 from typing import Any
 
+import torch
 from torch import nn
 
 from torchfit._bnb.layout import keeps_4bit_input
@@ -39,7 +41,61 @@ from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.configs import by_meta_pass, meta_model, pass_sequence
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["meta_quantized_weight_bytes", "quantized_linears", "quantized_meta_pass"]
+__all__ = [
+    "keep_linear_inputs",
+    "meta_quantized_weight_bytes",
+    "quantized_linears",
+    "quantized_meta_pass",
+]
+
+
+class _SavedInput(torch.autograd.Function):
+    """Identity that saves its input for backward, as ``MatMul4Bit`` did before 0.43.2."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(_ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def keep_linear_inputs(model: nn.Module, *, names: frozenset[str]) -> None:
+    """Make the Linears of ``model`` named in ``names`` save their input for backward.
+
+    bitsandbytes before 0.43.2 saved a 4-bit layer's input in ``MatMul4Bit.forward``
+    (``ctx.tensors = (A, B)``; PR #1270 removed it), where a frozen 16-bit Linear saves
+    none. ``names`` are the base model's module names; in a PEFT copy the same layer is
+    ``base_model.model.<name>`` or, adapted, its ``.base_layer``. ``model`` is changed in
+    place: pass a copy (`by_meta_pass` hands it its adapted copy).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 3)).requires_grad_(False)
+        >>> x = torch.ones(2, 4, requires_grad=True)
+        >>> def saved_shapes():
+        ...     shapes = []
+        ...     pack = lambda t: shapes.append(tuple(t.shape)) or t
+        ...     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ...         net(x)
+        ...     return shapes
+        >>> saved_shapes()  # the frozen weight only (transposed)
+        [(4, 3)]
+        >>> keep_linear_inputs(net, names=frozenset({"0"}))
+        >>> saved_shapes()  # and the input
+        [(2, 4), (4, 3)]
+    """
+    for name, module in model.named_modules():
+        plain = name.removeprefix("base_model.model.").removesuffix(".base_layer")
+        if plain in names and is_linear(module, subclasses=True):
+            forward = module.forward
+            module.forward = functools.partial(_with_saved_input, forward)
+
+
+def _with_saved_input(forward: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    kept = _SavedInput.apply(x) if x.requires_grad else x  # type: ignore[no-untyped-call]
+    return forward(kept, *args, **kwargs)
 
 
 def quantized_linears(
@@ -125,25 +181,26 @@ def quantized_meta_pass(
 
     Training without adapters assumes PEFT's default LoRA, as the closed form does.
 
+    With a bitsandbytes before 0.43.2, a training step's 4-bit Linears keep their inputs
+    for backward (`keep_linear_inputs`).
+
     Raises:
-        ValueError: a bitsandbytes that keeps every 4-bit input (before 0.43.2) for a
-            training step, which the pass does not model; see also `quantized_linears`.
+        ValueError: see `quantized_linears`.
     """
     compute = parse_dtype(options["dtype"])
     training = parse_mode(options["mode"]) is Mode.TRAIN
-    if training and weights.bits == 4 and keeps_4bit_input(bitsandbytes_version):
-        raise ValueError(
-            f"bitsandbytes_version={bitsandbytes_version or 'installed'!r}: bitsandbytes "
-            "before 0.43.2 keeps every 4-bit Linear's input for backward, which the "
-            f"meta-device pass of model_type {config.model_type!r} does not model; pass "
-            "bitsandbytes_version='0.43.2' or later (or upgrade bitsandbytes)"
-        )
     notes: list[str] = []
     if training and adapters is None:
         adapters = {}
     base = meta_model(config, attention)
     layers = quantized_linears(base, weights, head=head)
-    found = by_meta_pass(config, seq_len=seq_len, attention=attention, adapters=adapters, **options)
+    prepare = None
+    if training and weights.bits == 4 and keeps_4bit_input(bitsandbytes_version):
+        prepare = functools.partial(keep_linear_inputs, names=frozenset(layers))
+        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    found = by_meta_pass(
+        config, seq_len=seq_len, attention=attention, adapters=adapters, prepare=prepare, **options
+    )
     trainable = 0
     if adapters is not None:
         wrapped = with_adapters(base, **adapters)
