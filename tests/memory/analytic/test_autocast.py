@@ -70,7 +70,10 @@ def test_cuda_autocast_estimate_against_the_cuda_target_trace(family, attn):
     )
     allocated = traced.total - _cublas(traced)  # the estimate leaves cuBLAS to to_device
     error = (predicted.total - allocated) / allocated
-    assert abs(error) <= 0.04, f"{error:+.1%}"
+    # within 2% since the head's 16-bit weight copy is counted (it was 4%, with errors
+    # of -2.8% to -0.5%); the largest left is GPT-2 under SDPA, whose Q/K/V the trace's
+    # CPU flash kernel copies where CUDA's would not
+    assert abs(error) <= 0.02, f"{error:+.1%}"
 
 
 def _cublas(traced):

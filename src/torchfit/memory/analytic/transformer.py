@@ -152,7 +152,7 @@ def estimate_transformer(
         shapes=parameter_shapes(spec) if trainable == spec.num_params else None,
         # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
-        autocast_params=trainable if weights_format.is_quantized else spec.linear_params,
+        autocast_params=trainable if weights_format.is_quantized else spec.autocast_params,
     )
     frozen = training and (
         adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base

@@ -75,7 +75,7 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
         params=spec.num_params,
         dtype=settings.dtype,
         mixed_precision=True,
-        autocast_params=spec.linear_params,
+        autocast_params=spec.autocast_params,
     ).autocast_copies
     # gathered 16-bit parameters feed autocast 16-bit tensors: its weight copies go away
     return {"param_bytes": 2, "autocast_copies": copies}
