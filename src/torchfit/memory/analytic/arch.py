@@ -17,6 +17,10 @@ from torchfit._core import checks
 __all__ = ["Family", "MoESpec", "TransformerSpec", "describe", "has_closed_form"]
 
 
+#: Model types whose attention RMS-normalizes each query and key head (weights of head_dim).
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+
+
 class Family(enum.StrEnum):
     """Block layouts with their own activation formulas."""
 
@@ -110,6 +114,11 @@ class TransformerSpec:
     head_params: int
     num_tensors: int
     model_type: str
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each query and key head is RMS-normalized before RoPE (Qwen3's ``q_norm``/``k_norm``)."""
+        return self.model_type in QK_NORM_TYPES
 
     @property
     def autocast_params(self) -> int:
@@ -233,7 +242,7 @@ def _describe_llama(config: Any, model_type: str) -> TransformerSpec:
     mlp = 3 * h * inner + (2 * inner + h if mlp_bias else 0)
     # OLMo's LayerNorms have no weights; Qwen3 normalizes each query and key head (RMSNorm)
     norm = 0 if model_type == "olmo" else h
-    qk_norm = 2 * head_dim if model_type in {"qwen3", "qwen3_moe"} else 0
+    qk_norm = 2 * head_dim if model_type in QK_NORM_TYPES else 0
     per_layer = attn + attn_bias + mlp + 2 * norm + qk_norm
     tied = bool(_get(config, "tie_word_embeddings", default=False))
     head = 0 if tied else vocab * h
