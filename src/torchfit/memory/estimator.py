@@ -286,7 +286,7 @@ def estimate(
             double_quant=double_quant,
             head=quantize_head,
             bitsandbytes_version=bitsandbytes_version,
-            base_dtype=None if base_dtype is None else parse_dtype(base_dtype),
+            base_dtype=_base_dtype(config, base_dtype, quantized=True),
             loss_chunk=loss_chunk_size,
             new_tokens=max_new_tokens,
             **{**options, "dtype": numerics.compute},

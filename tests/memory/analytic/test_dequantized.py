@@ -6,7 +6,7 @@ from torchfit._bnb.matmul import dequantized_bytes_per_weight, quantized_from
 from torchfit._core.units import DType
 from torchfit.memory import estimate
 from torchfit.memory.analytic.arch import describe
-from torchfit.memory.analytic.quantized import dequantized_weight_bytes
+from torchfit.memory.analytic.quantized import dequantized_bytes, quantized_shapes
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,8 +30,8 @@ def _spec():
 
 def test_the_largest_block_linear_or_the_head_is_dequantized_in_the_compute_dtype():
     spec = _spec()
-    assert dequantized_weight_bytes(spec, DType.BF16) == 688 * 256 * 2
-    assert dequantized_weight_bytes(spec, DType.BF16, head=True) == 4000 * 256 * 2
+    assert dequantized_bytes(quantized_shapes(spec), DType.BF16) == 688 * 256 * 2
+    assert dequantized_bytes(quantized_shapes(spec, head=True), DType.BF16) == 4000 * 256 * 2
 
 
 @pytest.mark.parametrize("mode", ["train", "inference"])

@@ -24,7 +24,6 @@ __all__ = [
     "dequantized_bytes",
     "dequantized_transient",
     "bitsandbytes_transients",
-    "dequantized_weight_bytes",
     "linear_bytes",
     "quantize_on_load_bytes",
     "quantized_shapes",
@@ -144,8 +143,11 @@ def dequantized_bytes(
 ) -> int:
     """Bytes the largest of ``shapes`` holds dequantized for one matmul.
 
-    ``source``: the dtype it was quantized from (default ``compute``); ``rows``: the
-    forward's tokens, ``None`` for backward; per weight as `dequantized_bytes_per_weight`.
+    ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py) computes ``matmul(grad_output,
+    dequantize_4bit(B).to(grad_output.dtype))`` in backward (and, before 0.50, the same
+    in forward): a full copy of one weight, alive during its matmul. ``source``: the dtype
+    it was quantized from (default ``compute``); ``rows``: the forward's tokens, ``None``
+    for backward; per weight as `dequantized_bytes_per_weight` (`torchfit._bnb.matmul`).
 
     Example:
         >>> dequantized_bytes([(64, 64), (256, 64)], DType.BF16)
@@ -158,24 +160,6 @@ def dequantized_bytes(
     )
     largest = max((out_f * in_f for out_f, in_f in shapes), default=0)
     return largest * per_weight
-
-
-def dequantized_weight_bytes(spec: TransformerSpec, compute: DType, *, head: bool = False) -> int:
-    """Bytes of the largest 4-bit weight dequantized for its backward matmul.
-
-    ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py) computes ``matmul(grad_output,
-    dequantize_4bit(B).to(grad_output.dtype))`` in backward (and, before 0.50, the same
-    in forward): a full copy of one weight, alive during its matmul
-    (`torchfit._bnb.matmul` has the rules). ``head``: the output head is 4-bit too.
-
-    Example:
-        >>> from transformers import LlamaConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> spec = describe(LlamaConfig())  # Llama-2-7B: down_proj, 11008 x 4096
-        >>> dequantized_weight_bytes(spec, DType.BF16), 11008 * 4096 * 2
-        (90177536, 90177536)
-    """
-    return dequantized_bytes(quantized_shapes(spec, head=head), compute)
 
 
 def dequantized_transient(
@@ -246,11 +230,10 @@ def with_loading(found: MemoryEstimate, transient: int) -> MemoryEstimate:
 
 
 def bitsandbytes_transients(
-    spec: TransformerSpec,
+    shapes: Iterable[Shape],
     weights: DType,
     compute: DType,
     *,
-    head: bool,
     base: DType | None,
     version: str | None,
     rows: int | None,
@@ -259,13 +242,14 @@ def bitsandbytes_transients(
 ) -> tuple[int, int, int]:
     """What bitsandbytes holds beside a quantized model's weights on CUDA, in bytes.
 
+    ``shapes``: the quantized Linears (`quantized_shapes` of a spec, or the meta pass's).
     ``(loading, dequantized, decoding)``: `quantize_on_load_bytes`, then for 4 bits the
     `dequantized_transient` of a forward over ``rows`` tokens (``None``: a training step)
     and of a decoding step over ``decode_rows`` (``None``: no generation).
     """
     if not weights.is_quantized:
         return 0, 0, 0
-    shapes = quantized_shapes(spec, head=head)
+    shapes = list(shapes)
     loading = quantize_on_load_bytes(shapes, weights, bitsandbytes_version=version)
     if weights.bits != 4:
         return loading, 0, 0

@@ -36,7 +36,11 @@ from torchfit.memory.analytic.moe import (
     moe_backward_width,
     moe_block_terms,
 )
-from torchfit.memory.analytic.quantized import bitsandbytes_transients, with_loading
+from torchfit.memory.analytic.quantized import (
+    bitsandbytes_transients,
+    quantized_shapes,
+    with_loading,
+)
 from torchfit.memory.analytic.states import (
     adapters_for,
     chunked_loss_peak,
@@ -188,10 +192,9 @@ def estimate_transformer(
     loading, dequantized, decoding = (0, 0, 0)
     if device == "cuda":
         loading, dequantized, decoding = bitsandbytes_transients(
-            spec,
+            quantized_shapes(spec, head=quantize_head),
             weights_format,
             compute,
-            head=quantize_head,
             base=base_dtype,
             version=bitsandbytes_version,
             rows=None if training else batch_size * seq_len,

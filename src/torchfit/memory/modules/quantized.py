@@ -13,7 +13,7 @@ later). This module puts in place of the 16-bit weights what bitsandbytes holds:
 * every other parameter in the compute dtype, as the closed form counts it, and the
   adapters in fp32 under mixed precision;
 * on CUDA, as the closed form adds it, the copy of the largest 4-bit weight that
-  ``MatMul4Bit`` dequantizes for one matmul (`dequantized_transient`).
+  ``MatMul4Bit`` dequantizes for one matmul (`bitsandbytes_transients`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ from torchfit._bnb.selection import default_skip, is_linear, out_in, skip_matche
 from torchfit._core.step import Mode, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.quantized import (
+    bitsandbytes_transients,
     check_quantize_head,
-    dequantized_transient,
     linear_bytes,
-    quantize_on_load_bytes,
     with_loading,
 )
 from torchfit.memory.modules.adapters import with_adapters
@@ -225,15 +224,18 @@ def quantized_meta_pass(
     )
     notes += _subclass_note(base, layers)
     found = found.replace(weights=held, notes=_restated(found.notes, trainable))
-    if weights.bits == 4 and options.get("device") == "cuda":
+    loading = 0
+    if options.get("device") == "cuda":
         decoding = found.peak_at == "last decoding step"
         rows = options["batch_size"] * (1 if decoding else pass_sequence(config, seq_len))
-        copy = dequantized_transient(
+        loading, copy, _ = bitsandbytes_transients(
             layers.values(),
+            weights,
             compute,
             base=base_dtype,
-            rows=None if training else rows,
             version=bitsandbytes_version,
+            rows=None if training else rows,
+            decode_rows=None,
             notes=notes,
         )
         if not training:
@@ -245,13 +247,7 @@ def quantized_meta_pass(
             "LLM.int8: nothing added for bitsandbytes' matmul (as in the closed form): not "
             "its int8/fp16 copies of the input, nor the 16-bit weight copy its backward makes"
         )
-    found = found.replace(notes=(*found.notes, *notes))
-    if options.get("device") != "cuda":
-        return found
-    version = bitsandbytes_version
-    return with_loading(
-        found, quantize_on_load_bytes(layers.values(), weights, bitsandbytes_version=version)
-    )
+    return with_loading(found.replace(notes=(*found.notes, *notes)), loading)
 
 
 def _restated(notes: tuple[str, ...], trainable: int) -> tuple[str, ...]:
