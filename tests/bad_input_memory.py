@@ -37,6 +37,13 @@ from bad_inputs import (
 from torchfit import memory
 
 EVENTS = [("a", 1024), ("a",)]
+#: What `trace` and `trace_events` share (trace also takes a card).
+TRACED = TRAIN | {
+    "model": MODULE,
+    "example_inputs": Kind("inputs", (None,)),
+    "device": NAME,
+    "progress": FLAG,
+}
 RECORD = memory.MemoryEstimate(weights=4000, gradients=4000, optimizer=8000)
 
 MEMORY: list[Case] = [
@@ -153,26 +160,13 @@ MEMORY: list[Case] = [
         "trace",
         lambda: memory.trace,
         kwargs={"model": tiny(), "example_inputs": torch.randn(2, 8), "optimizer": "sgd"},
-        kinds=TRAIN
-        | {
-            "model": MODULE,
-            "example_inputs": Kind("inputs", (None,)),
-            "device": NAME,
-            "progress": FLAG,
-            "gpu": CARD,
-        },
+        kinds=TRACED | {"gpu": CARD},
     ),
     Case(
         "trace_events",
         lambda: memory.trace_events,
         kwargs={"model": tiny(), "example_inputs": torch.randn(2, 8), "optimizer": "sgd"},
-        kinds=TRAIN
-        | {
-            "model": MODULE,
-            "example_inputs": Kind("inputs", (None,)),
-            "device": NAME,
-            "progress": FLAG,
-        },
+        kinds=TRACED,
     ),
     Case(
         "trace_step",
