@@ -1,4 +1,3 @@
-import dataclasses
 import itertools
 
 import pytest
@@ -561,21 +560,13 @@ def test_replay_accepts_none_as_a_free_and_reuses_freed_keys():
 # --- context, workspace, to_device ----------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Measured(GPU):
-    """A card record that carries a measured context (the catalog's optional field)."""
-
-    cuda_context_bytes: int = 0
-
-
 def test_cuda_context_defaults_and_overrides(monkeypatch):
     monkeypatch.delenv(al.CONTEXT_ENV_VAR, raising=False)
-    assert cuda_context_bytes() == 287_047_680
-    assert cuda_context_bytes(lazy_loading=False) == 666_632_192
-    measured = _Measured(**vars(GPU.custom("lab", memory="24GiB")), cuda_context_bytes=500 * MiB)
-    assert cuda_context_bytes(measured) == 500 * MiB
+    assert cuda_context_bytes() == al.DEFAULT_CUDA_CONTEXT_BYTES
+    assert cuda_context_bytes(lazy_loading=False) > cuda_context_bytes()
+    card = GPU.custom("lab", memory="24GiB", compute_capability=(8, 6), sm_count=84)
     monkeypatch.setenv(al.CONTEXT_ENV_VAR, "512MiB")
-    assert cuda_context_bytes(measured) == 512 * MiB
+    assert cuda_context_bytes(card) == 512 * MiB
     monkeypatch.setenv(al.CONTEXT_ENV_VAR, "lots")
     with pytest.raises(ValueError, match="TORCHFIT_CUDA_CONTEXT_BYTES"):
         cuda_context_bytes()
@@ -634,7 +625,7 @@ def test_to_device_without_events_approximates(monkeypatch):
     out = to_device(e, gpu=gpu)
     assert out.workspace == MiB + 8_519_680
     assert out.reserved == approximate_reserved(e.total + 8_519_680)
-    assert out.context == 287_047_680
+    assert out.context == al.DEFAULT_CUDA_CONTEXT_BYTES  # no SM count: an unknown card's
     assert out.device_total == out.reserved + out.context
     assert e.reserved is None  # the input is untouched
     assert any("approximated" in note for note in out.notes)

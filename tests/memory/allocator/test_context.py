@@ -4,38 +4,105 @@ import pytest
 
 from torchfit.memory import MemoryEstimate, cuda_context_bytes, measure_cuda_context, to_device
 from torchfit.memory.allocator.context import (
+    CONTEXT_FIXED_BYTES,
+    CONTEXT_PER_THREAD_SLOT,
     DEFAULT_CUDA_CONTEXT_BYTES,
-    EAGER_CUDA_CONTEXT_BYTES,
-    PRE_LAZY_CUDA_CONTEXT_BYTES,
+    EAGER_LIBRARY_BYTES,
+    LAZY_FIRST_USE_BYTES,
+    UNKNOWN_CARD_BARE_BYTES,
+    bare_context_bytes,
     parse_cuda_version,
 )
+from torchfit.memory.gpus import GPU
 
 MiB = 2**20
+LAZY_LIBRARIES = sum(LAZY_FIRST_USE_BYTES.values())
+
+# Contexts measured on an NVIDIA H200 (132 SMs, driver 580.159, torch 2.11.0+cu130, lazy
+# loading) by benchmarks/gpu_check.py: after the first matmul and a convolution, and with
+# CUDA_MODULE_LOADING=EAGER after a matmul.
+H200_LAZY = 736_952_320
+H200_EAGER = 2_896_560_128
 
 
-def test_the_context_follows_the_cuda_stack(monkeypatch):
+@pytest.fixture(autouse=True)
+def _no_override(monkeypatch):
     monkeypatch.delenv("TORCHFIT_CUDA_CONTEXT_BYTES", raising=False)
-    assert cuda_context_bytes() == DEFAULT_CUDA_CONTEXT_BYTES
-    assert cuda_context_bytes(cuda_version="12.4") == DEFAULT_CUDA_CONTEXT_BYTES
-    assert cuda_context_bytes(cuda_version="12.4", lazy_loading=False) == EAGER_CUDA_CONTEXT_BYTES
+
+
+def test_the_h200_context_is_modelled_within_a_percent():
+    assert cuda_context_bytes("H200", cuda_version="13.0") == pytest.approx(H200_LAZY, rel=0.01)
+    eager = cuda_context_bytes("H200", cuda_version="13.0", lazy_loading=False)
+    assert eager == pytest.approx(H200_EAGER, rel=0.01)
+
+
+# Bare contexts published for cards (no kernel loaded): the fit they come from must hold.
+@pytest.mark.parametrize(
+    ("sms", "capability", "mib"),
+    [
+        (34, (8, 9), 107),  # RTX 4060 Ti, llama.cpp PR 23604
+        (82, (8, 6), 256),  # RTX 3090, InvokeAI issue 9413
+        (142, (8, 9), 426),  # RTX 6000 Ada, unsloth-zoo PR 1053
+        (170, (12, 0), 506),  # RTX 5090, llama.cpp issue 20582
+        (80, (7, 0), 319),  # Titan V, pytorch issue 28394
+    ],
+)
+def test_the_bare_context_grows_with_the_thread_slots_not_the_memory(sms, capability, mib):
+    card = GPU.custom("card", memory="24GiB", compute_capability=capability, sm_count=sms)
+    assert bare_context_bytes(card) == pytest.approx(mib * MiB, abs=8 * MiB)
+
+
+def test_the_bare_context_is_the_fixed_part_plus_a_reservation_per_thread_slot():
+    card = GPU.custom("card", memory="8GiB", compute_capability=(9, 0), sm_count=10)
+    assert bare_context_bytes(card) == CONTEXT_FIXED_BYTES + CONTEXT_PER_THREAD_SLOT * 10 * 2048
+    more = GPU.custom("card", memory="8GiB", compute_capability=(9, 0), sm_count=20)
+    assert cuda_context_bytes(more) - cuda_context_bytes(card) == CONTEXT_PER_THREAD_SLOT * 20480
+
+
+def test_a_card_without_an_sm_count_falls_back_and_says_so():
+    card = GPU.custom("lab card", memory="24GiB", compute_capability=(8, 6))
+    assert bare_context_bytes(card) == bare_context_bytes(None) == UNKNOWN_CARD_BARE_BYTES
+    assert (
+        cuda_context_bytes()
+        == DEFAULT_CUDA_CONTEXT_BYTES
+        == UNKNOWN_CARD_BARE_BYTES + LAZY_LIBRARIES
+    )
+    note = next(n for n in to_device(MemoryEstimate(weights=MiB), gpu=card).notes if "context" in n)
+    assert "SM count unknown" in note
+
+
+def test_the_context_follows_the_cuda_stack():
+    lazy = cuda_context_bytes("A100 40GB", cuda_version="12.4")
+    bare = bare_context_bytes("A100 40GB")
+    assert lazy == bare + LAZY_LIBRARIES
+    assert cuda_context_bytes("A100 40GB", cuda_version="12.4", lazy_loading=False) == (
+        bare + EAGER_LIBRARY_BYTES[12]
+    )
+    # no lazy loading before CUDA 11.7: every kernel of every library is resident
+    assert cuda_context_bytes("A100 40GB", cuda_version="11.2") == bare + EAGER_LIBRARY_BYTES[11]
+    assert cuda_context_bytes("A100 40GB", cuda_version=(10, 2)) == bare + EAGER_LIBRARY_BYTES[10]
     # Hugging Face's V100 / CUDA 11.2 figure: 1343 MiB in nvidia-smi with one tiny tensor
-    # (a 2 MiB small-pool segment) -> a 1341 MiB context
-    assert cuda_context_bytes(cuda_version="11.2") == PRE_LAZY_CUDA_CONTEXT_BYTES == 1341 * MiB
-    assert cuda_context_bytes(cuda_version=(11, 6)) == PRE_LAZY_CUDA_CONTEXT_BYTES
+    v100 = cuda_context_bytes("V100 16GB", cuda_version="11.2")
+    assert v100 == pytest.approx(1341 * MiB, rel=0.2)
 
 
-def test_to_device_takes_the_version_and_the_measured_figure(monkeypatch):
-    monkeypatch.delenv("TORCHFIT_CUDA_CONTEXT_BYTES", raising=False)
+def test_to_device_takes_the_version_and_the_measured_figure():
     base = MemoryEstimate(weights=100 * MiB)
     old = to_device(base, gpu="V100 16GB", cuda_version="11.2")
     new = to_device(base, gpu="V100 16GB")
-    assert (
-        old.device_total - new.device_total
-        == PRE_LAZY_CUDA_CONTEXT_BYTES - DEFAULT_CUDA_CONTEXT_BYTES
-    )
+    assert old.device_total - new.device_total == EAGER_LIBRARY_BYTES[11] - LAZY_LIBRARIES
     assert any("CUDA 11.2" in note for note in old.notes)
+    card = next(n for n in new.notes if "CUDA context" in n)
+    assert "80 SMs" in card
+    assert "CUDA 13.0 assumed" in card
     given = to_device(base, gpu="V100 16GB", context_bytes="500MiB", cuda_version="11.2")
     assert given.context == 500 * MiB  # a measured figure wins
+
+
+def test_an_sm_count_must_be_a_positive_whole_number():
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match=rf"sm_count must be .*{bad!r}"):
+            GPU.custom("card", memory="8GiB", sm_count=bad)
 
 
 def test_the_environment_variable_still_overrides(monkeypatch):

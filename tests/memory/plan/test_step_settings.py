@@ -4,7 +4,7 @@ import pytest
 
 import torchfit
 from torchfit.cli import main
-from torchfit.memory.allocator.context import PRE_LAZY_CUDA_CONTEXT_BYTES
+from torchfit.memory.allocator.context import EAGER_LIBRARY_BYTES, bare_context_bytes
 
 LORA = 4_194_304  # rank-8 adapters on q and v of Llama-2-7B
 
@@ -55,7 +55,7 @@ def test_the_accumulation_advice_is_re_estimated_with_the_gradients_alive():
 
 def test_the_cuda_version_and_a_measured_context_reach_the_plan():
     old = _plan(precision="bf16-true", cuda_version="11.2")
-    assert old.estimate.context == PRE_LAZY_CUDA_CONTEXT_BYTES
+    assert old.estimate.context == bare_context_bytes(old.gpu) + EAGER_LIBRARY_BYTES[11]
     measured = _plan(precision="bf16-true", context_bytes="500MiB")
     assert measured.estimate.context == 500 * 2**20
 

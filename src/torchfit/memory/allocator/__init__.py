@@ -4,7 +4,9 @@ from torchfit.memory.allocator.caching import CachingAllocator
 from torchfit.memory.allocator.context import (
     CONTEXT_ENV_VAR,
     DEFAULT_CUDA_CONTEXT_BYTES,
-    EAGER_CUDA_CONTEXT_BYTES,
+    EAGER_LIBRARY_BYTES,
+    LAZY_FIRST_USE_BYTES,
+    bare_context_bytes,
     cuda_context_bytes,
     measure_cuda_context,
 )
@@ -32,7 +34,9 @@ __all__ = [
     "CONTEXT_ENV_VAR",
     "DEFAULT_CUDA_CONTEXT_BYTES",
     "DEFAULT_FRAGMENTATION",
-    "EAGER_CUDA_CONTEXT_BYTES",
+    "EAGER_LIBRARY_BYTES",
+    "LAZY_FIRST_USE_BYTES",
+    "bare_context_bytes",
     "K_LARGE_BUFFER",
     "K_MIN_BLOCK_SIZE",
     "K_MIN_LARGE_ALLOC",

@@ -31,6 +31,7 @@ _FIELDS = (
     "aliases",
     "source",
     "nvidia_smi_total",
+    "sm_count",
 )
 
 
@@ -67,6 +68,8 @@ class GPU:
         nvidia_smi_total: The "Total" ``nvidia-smi`` shows, where it is published and less
             than ``memory`` (ECC on GDDR6 data-center cards); None elsewhere. `total` is
             what a plan compares its device total with.
+        sm_count: Streaming multiprocessors (the vendor's CUDA cores / cores per SM);
+            the CUDA context grows with it. None when unknown (and on AMD cards).
 
     Example:
         >>> card = GPU.custom("lab card", memory="20GiB", compute_capability=(8, 6))
@@ -87,6 +90,7 @@ class GPU:
     aliases: tuple[str, ...] = ()
     source: str = ""
     nvidia_smi_total: int | None = None
+    sm_count: int | None = None
 
     @property
     def total(self) -> int:
@@ -111,6 +115,9 @@ class GPU:
                 f"{owner}: nvidia_smi_total must be bytes in (0, memory={self.memory}] or "
                 f"None; got {smi!r}"
             )
+        sms = self.sm_count
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0):
+            raise ValueError(f"{owner}: sm_count must be a positive int or None; got {sms!r}")
         for field in ("memory_bandwidth_gb_s", "fp16_tflops", "bf16_tflops"):
             object.__setattr__(self, field, _positive_number(owner, field, getattr(self, field)))
         _check_precision(self, owner)
@@ -132,6 +139,7 @@ class GPU:
         bf16_tflops: float | None = None,
         aliases: tuple[str, ...] = (),
         source: str = "user-defined (GPU.custom)",
+        sm_count: int | None = None,
     ) -> GPU:
         """Describe a card that is not in the catalog.
 
@@ -149,6 +157,7 @@ class GPU:
             bf16_tflops: Dense bf16 tensor TFLOPS, if known.
             aliases: Other names for it.
             source: Where the figures come from.
+            sm_count: Streaming multiprocessors, if known (sizes the CUDA context).
 
         Raises:
             ValueError: ``memory`` is not a positive size, or the flags contradict the
@@ -189,6 +198,7 @@ class GPU:
             bf16_tflops=bf16_tflops,
             aliases=tuple(aliases),
             source=source,
+            sm_count=sm_count,
         )
 
     @classmethod
@@ -242,6 +252,7 @@ class GPU:
             ),
             ("vendor", self.vendor),
             ("architecture", arch),
+            ("SMs", "unknown" if self.sm_count is None else str(self.sm_count)),
             (
                 "native bf16 / fp8",
                 f"{'yes' if self.bf16 else 'no'} / {'yes' if self.fp8 else 'no'}",
