@@ -165,12 +165,12 @@ class CachingAllocator:
             for base in sorted(self._segments)
         )
 
+    @checks.arguments()
     def adopt_segment(self, segment: SegmentInfo) -> tuple[int, ...]:
         """Take over a segment reserved before the model started, its blocks as they are.
 
-        This is how a replay starts from a real allocator's state (the segments of
-        ``torch.cuda.memory_snapshot()``) instead of an empty one. The segment counts as
-        reserved (peaks included) but not as a ``cudaMalloc`` of this model.
+        Replays use it to start from a real allocator's state (``torch.cuda.memory_snapshot()``).
+        The segment counts as reserved (peaks too), not as a ``cudaMalloc`` of this model.
 
         Returns:
             A handle for `free` per allocated block of ``segment``, in address order.
@@ -207,8 +207,18 @@ class CachingAllocator:
 
     def address(self, handle: int) -> int | None:
         """The simulated address of a live allocation (None for a 0-byte one)."""
-        block = self._live[handle]
+        block = self._live[self._check_live(handle)]
         return None if block is None else block.addr
+
+    def _check_live(self, handle: int) -> int:
+        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
+            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
+        if handle not in self._live:
+            raise ValueError(
+                f"handle {handle!r} is not a live allocation of this allocator (never "
+                "returned by malloc, or already freed)"
+            )
+        return handle
 
     def reset_peak_stats(self) -> None:
         """Peaks restart from the current values (``torch.cuda.reset_peak_memory_stats``)."""
@@ -264,15 +274,7 @@ class CachingAllocator:
         Mirrors ``free_block``: merge with free neighbours (``try_merge_blocks``), then
         back into the pool's free set.
         """
-        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
-            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
-        try:
-            block = self._live.pop(handle)
-        except KeyError:
-            raise ValueError(
-                f"handle {handle!r} is not a live allocation of this allocator (never "
-                "returned by malloc, or already freed)"
-            ) from None
+        block = self._live.pop(self._check_live(handle))
         if block is None:
             return
         block.allocated = False
