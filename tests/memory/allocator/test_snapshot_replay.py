@@ -227,6 +227,10 @@ def test_read_snapshot_reads_a_pickle(tmp_path):
             lambda s: s.update(allocator_settings={"max_split_size": 100 * MiB}),
             "allocator settings",
         ),
+        (
+            lambda s: s.update(allocator_settings={"garbage_collection_threshold": 0.6}),
+            "garbage_collection_threshold",
+        ),
         (lambda s: s["device_traces"][0].append(entry("segment_map", A, MiB)), "segment_map"),
         (lambda s: s["device_traces"][0].insert(0, entry("alloc", A + MiB, 512)), "not live after"),
         (lambda s: s["segments"].pop(1), "in no segment"),

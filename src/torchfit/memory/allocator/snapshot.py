@@ -19,7 +19,7 @@ import os
 import pathlib
 import pickle
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
@@ -35,7 +35,7 @@ from torchfit.memory.allocator.rules import (
 __all__ = ["SnapshotEvent", "SnapshotReplay", "SnapshotTrace", "read_snapshot", "replay_snapshot"]
 
 Action = Literal["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free"]
-_ACTIONS = frozenset(Action.__args__)  # type: ignore[attr-defined]
+_ACTIONS: frozenset[str] = frozenset(get_args(Action))
 # Trace entries that change no block or segment: skipped.
 _IGNORED = frozenset({"snapshot", "oom", "user_defined", "empty_cache"})
 _LIVE_STATES = frozenset({"active_allocated", "active_pending_free"})
@@ -143,18 +143,20 @@ def _load(snapshot: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, 
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
-    """Refuse what the model does not follow: expandable segments, a split limit, rounding."""
+    """Refuse settings the replay does not follow (PYTORCH_CUDA_ALLOC_CONF's options)."""
     divisions = settings.get("roundup_power2_divisions") or {}
     values = set(divisions.values()) if isinstance(divisions, Mapping) else {divisions}
     if (
         settings.get("expandable_segments")
         or values - {0, 1}
-        or (settings.get("max_split_size", -1) not in (-1, None, 2**64 - 1))
+        or settings.get("max_split_size", -1) not in (-1, None, 2**64 - 1)
+        or (settings.get("garbage_collection_threshold") or 0) > 0
     ):
         raise ValueError(
             f"the snapshot was recorded with allocator settings {dict(settings)}; only the "
-            "defaults (no expandable_segments, max_split_size or roundup_power2_divisions) "
-            "are replayed"
+            "defaults are replayed (no expandable_segments, max_split_size, "
+            "roundup_power2_divisions or garbage_collection_threshold): record it again "
+            "without PYTORCH_CUDA_ALLOC_CONF"
         )
 
 
@@ -210,11 +212,15 @@ def read_snapshot(
     streams = {e["stream"] for e in entries} | {s["stream"] for s in segments}
     if len(streams) > 1:
         raise ValueError(
-            f"the snapshot uses {len(streams)} streams; the model follows one stream only"
+            f"the snapshot uses {len(streams)} streams ({sorted(streams)}); the model follows "
+            "one stream only: record a step that allocates on one stream"
         )
     unknown = {e["action"] for e in entries} - _ACTIONS
     if unknown:
-        raise ValueError(f"trace actions {sorted(unknown)} are not replayed (expected {_ACTIONS})")
+        raise ValueError(
+            f"trace actions {sorted(unknown)} are not replayed; expected {sorted(_ACTIONS)} "
+            "(segment_map/segment_unmap come from expandable_segments, which is not modelled)"
+        )
     events = tuple(SnapshotEvent(e["action"], int(e["addr"]), int(e["size"])) for e in entries)
     end = tuple(
         SegmentInfo(
