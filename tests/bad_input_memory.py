@@ -278,6 +278,7 @@ MEMORY: list[Case] = [
             "capacity": Kind("capacity", (0, -1, 2.5, NAN, "1GB", True)),
             "max_split_size": NON_NEGATIVE,
             "roundup_power2_divisions": NON_NEGATIVE,
+            "placement": Kind("placement", (3, "x", 2.5, True, [])),
         },
     ),
     Case(

@@ -29,6 +29,13 @@ from torchfit.memory.allocator.rules import (
     segment_size,
 )
 from torchfit.memory.allocator.simulator import replay
+from torchfit.memory.allocator.snapshot import (
+    SnapshotEvent,
+    SnapshotReplay,
+    SnapshotTrace,
+    read_snapshot,
+    replay_snapshot,
+)
 
 __all__ = [
     "CONTEXT_ENV_VAR",
@@ -46,11 +53,16 @@ __all__ = [
     "AllocatorStats",
     "CachingAllocator",
     "SegmentInfo",
+    "SnapshotEvent",
+    "SnapshotReplay",
+    "SnapshotTrace",
     "approximate_reserved",
     "cublas_workspace_bytes",
     "cuda_context_bytes",
     "measure_cuda_context",
+    "read_snapshot",
     "replay",
+    "replay_snapshot",
     "round_request",
     "segment_size",
     "to_device",

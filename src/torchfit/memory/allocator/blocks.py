@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterator
 
-__all__ = ["Block", "FreePool"]
+__all__ = ["Block", "FreePool", "link"]
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -30,10 +31,34 @@ class Block:
     prev: Block | None = None
     next: Block | None = None
 
+    def run(self) -> Iterator[Block]:
+        """This block and the ones after it in its segment, in address order."""
+        block: Block | None = self
+        while block is not None:
+            yield block
+            block = block.next
+
     @property
     def is_split(self) -> bool:
         """Whether the segment holds other blocks besides this one."""
         return self.prev is not None or self.next is not None
+
+
+def link(addr: int, sizes: list[int], *, small: bool) -> list[Block]:
+    """A segment's run of free blocks of ``sizes`` from ``addr``, linked in address order.
+
+    Example:
+        >>> first, second = link(0, [512, 1536], small=True)
+        >>> second.addr, second.prev is first, first.next is second
+        (512, True, True)
+    """
+    blocks: list[Block] = []
+    for size in sizes:
+        blocks.append(Block(addr=addr, size=size, small=small, prev=blocks[-1] if blocks else None))
+        if len(blocks) > 1:
+            blocks[-2].next = blocks[-1]
+        addr += size
+    return blocks
 
 
 class FreePool:

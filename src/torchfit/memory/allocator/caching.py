@@ -5,10 +5,10 @@ moved to ``c10/core/CachingDeviceAllocator.h`` in recent releases, unchanged); t
 comment on each rule names the C++ function it mirrors. What is *not* modelled:
 several streams (blocks are never shared across streams; one stream is assumed),
 CUDA-graph private pools, ``garbage_collection_threshold``, ``expandable_segments``
-(a different segment layout: one growing mapping per pool), the cudaMallocAsync
-backend, and where ``cudaMalloc`` places a segment: new segments get increasing
-addresses here, which only matters when two free blocks of the same size tie in the
-best-fit search (the real order is by address).
+(a different segment layout: one growing mapping per pool) and the cudaMallocAsync
+backend. Where ``cudaMalloc`` places a segment is the caller's (``placement``; by default
+above every segment held): it matters when two free blocks of the same size tie in the
+best-fit search, which takes the lowest address.
 
 The public face is `torchfit.memory.allocator`; this module holds the state machine,
 `torchfit.memory.allocator.blocks` its blocks and free pools, and
@@ -17,11 +17,13 @@ The public face is `torchfit.memory.allocator`; this module holds the state mach
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
-from torchfit.memory.allocator.blocks import Block, FreePool
+from torchfit.memory.allocator.blocks import Block, FreePool, link
 from torchfit.memory.allocator.rules import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
@@ -58,6 +60,10 @@ class CachingAllocator:
         max_split_size: ``max_split_size_mb`` in bytes (at least 20 MiB, as PyTorch
             requires); None for PyTorch's default, unlimited.
         roundup_power2_divisions: See `round_request`.
+        placement: Where ``cudaMalloc`` puts a new segment: called with its size, it
+            returns the base address (it must not overlap a segment held), or None for
+            the default, just above every segment so far. A replay of a recorded run
+            passes the real addresses (`torchfit.memory.allocator.snapshot`).
 
     Example:
         >>> a = CachingAllocator()
@@ -78,6 +84,7 @@ class CachingAllocator:
         capacity: int | None = None,
         max_split_size: int | None = None,
         roundup_power2_divisions: int = 0,
+        placement: Callable[[int], int | None] | None = None,
     ) -> None:
         """Set up an empty allocator of ``capacity`` bytes (unlimited when ``None``)."""
         if capacity is not None:
@@ -94,6 +101,7 @@ class CachingAllocator:
         self._capacity = capacity
         self._max_split = max_split_size
         self._divisions = check_divisions(roundup_power2_divisions)
+        self._placement = placement
         self._small = FreePool()
         self._large = FreePool()
         self._blocks: dict[int, Block] = {}  # every block, free or not, by address
@@ -147,23 +155,70 @@ class CachingAllocator:
 
     def segments(self) -> tuple[SegmentInfo, ...]:
         """Every segment with its blocks, by address (``torch.cuda.memory_snapshot``)."""
-        result = []
-        for base in sorted(self._segments):
-            block: Block | None = self._blocks[base]
-            head = block
-            layout = []
-            while block is not None:
-                layout.append((block.size, block.allocated))
-                block = block.next
-            result.append(
-                SegmentInfo(
-                    address=base,
-                    size=self._segments[base],
-                    is_large=head is not None and not head.small,
-                    blocks=tuple(layout),
-                )
+        return tuple(
+            SegmentInfo(
+                address=base,
+                size=self._segments[base],
+                is_large=not self._blocks[base].small,
+                blocks=tuple((block.size, block.allocated) for block in self._blocks[base].run()),
             )
-        return tuple(result)
+            for base in sorted(self._segments)
+        )
+
+    @checks.arguments()
+    def adopt_segment(self, segment: SegmentInfo) -> tuple[int, ...]:
+        """Take over a segment reserved before the model started, its blocks as they are.
+
+        Replays use it to start from a real allocator's state (``torch.cuda.memory_snapshot()``).
+        The segment counts as reserved (peaks too), not as a ``cudaMalloc`` of this model.
+
+        Returns:
+            A handle for `free` per allocated block of ``segment``, in address order.
+
+        Raises:
+            ValueError: The segment overlaps one held.
+
+        Example:
+            >>> a = CachingAllocator()
+            >>> seg = SegmentInfo(address=0, size=2 * 2**20, is_large=False,
+            ...                   blocks=((512, True), (2 * 2**20 - 512, False)))
+            >>> (handle,) = a.adopt_segment(seg)
+            >>> a.allocated, a.reserved, a.segments() == (seg,)
+            (512, 2097152, True)
+        """
+        self._place(segment.size, segment.address)
+        pool = self._large if segment.is_large else self._small
+        sizes = [size for size, _ in segment.blocks]
+        handles: list[int] = []
+        for block, (_, used) in zip(
+            link(segment.address, sizes, small=not segment.is_large), segment.blocks, strict=True
+        ):
+            self._blocks[block.addr] = block
+            if used:
+                block.allocated = True
+                self._allocated += block.size
+                self._live[self._next_handle] = block
+                handles.append(self._next_handle)
+                self._next_handle += 1
+            else:
+                pool.insert(block)
+        self._peak_allocated = max(self._peak_allocated, self._allocated)
+        return tuple(handles)
+
+    def address(self, handle: int) -> int | None:
+        """The simulated address of a live allocation (None for a 0-byte one)."""
+        block = self._live[self._check_live(handle)]
+        return None if block is None else block.addr
+
+    def _check_live(self, handle: int) -> int:
+        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
+            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
+        if handle not in self._live:
+            raise ValueError(
+                f"handle {handle!r} is not a live allocation of this allocator (never "
+                "returned by malloc, or already freed)"
+            )
+        return handle
 
     def reset_peak_stats(self) -> None:
         """Peaks restart from the current values (``torch.cuda.reset_peak_memory_stats``)."""
@@ -219,15 +274,7 @@ class CachingAllocator:
         Mirrors ``free_block``: merge with free neighbours (``try_merge_blocks``), then
         back into the pool's free set.
         """
-        if isinstance(handle, bool) or not isinstance(handle, int):  # per event: kept cheap
-            raise TypeError(f"handle must be an int returned by malloc; got {handle!r}")
-        try:
-            block = self._live.pop(handle)
-        except KeyError:
-            raise ValueError(
-                f"handle {handle!r} is not a live allocation of this allocator (never "
-                "returned by malloc, or already freed)"
-            ) from None
+        block = self._live.pop(self._check_live(handle))
         if block is None:
             return
         block.allocated = False
@@ -290,14 +337,28 @@ class CachingAllocator:
         # (the set_fraction check `total_allocated_memory + size > allowed_memory_maximum`).
         if self._capacity is not None and self._reserved + alloc_size > self._capacity:
             return None
-        block = Block(addr=self._next_addr, size=alloc_size, small=small)
-        self._next_addr += alloc_size
+        addr = None if self._placement is None else self._placement(alloc_size)
+        block = Block(addr=self._place(alloc_size, addr), size=alloc_size, small=small)
         self._blocks[block.addr] = block
-        self._segments[block.addr] = alloc_size
-        self._reserved += alloc_size
-        self._peak_reserved = max(self._peak_reserved, self._reserved)
         self._device_allocs += 1
         return block
+
+    def _place(self, size: int, addr: int | None) -> int:
+        # A new segment at `addr` (default: above all): overlapping one held is an error.
+        if addr is None:
+            addr = self._next_addr
+        elif any(
+            addr < base + held and base < addr + size for base, held in self._segments.items()
+        ):
+            raise ValueError(
+                f"a segment of {size} bytes at address {addr} overlaps a segment held; "
+                "placement must return a free address range (or None for the default)"
+            )
+        self._next_addr = max(self._next_addr, addr + size)
+        self._segments[addr] = size
+        self._reserved += size
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+        return addr
 
     def _release_block(self, block: Block, pool: FreePool) -> None:
         # release_block: cudaFree a wholly free segment.

@@ -8,6 +8,7 @@ unchanged). The state machine that uses them is in `torchfit.memory.allocator.si
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.units import format_bytes
@@ -150,13 +151,33 @@ class SegmentInfo:
         address: Simulated base address.
         size: Bytes reserved by the segment.
         is_large: True for the large pool (requests > 1 MiB), False for the small pool.
-        blocks: ``(size, allocated)`` per block, in address order.
+        blocks: ``(size, allocated)`` per block, in address order: multiples of 512 bytes
+            that add up to ``size``, no two free blocks side by side (``free_block``
+            merges them).
+
+    Raises:
+        ValueError: The blocks do not tile the segment as the allocator makes them.
     """
 
     address: int
     size: int
     is_large: bool
     blocks: tuple[tuple[int, bool], ...]
+
+    def __post_init__(self) -> None:
+        """Check that the blocks tile the segment."""
+        sizes = [size for size, _ in self.blocks]
+        frees = [not used for _, used in self.blocks]
+        if (
+            sum(sizes) != self.size
+            or any(size <= 0 or size % K_MIN_BLOCK_SIZE for size in sizes)
+            or any(a and b for a, b in itertools.pairwise(frees))
+        ):
+            raise ValueError(
+                f"the segment at {self.address} of {self.size} bytes has blocks "
+                f"{self.blocks}; expected positive multiples of {K_MIN_BLOCK_SIZE} bytes "
+                "adding up to the segment, with no two free blocks side by side"
+            )
 
     @property
     def allocated(self) -> int:
