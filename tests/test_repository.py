@@ -1,0 +1,88 @@
+"""The repository checks out everywhere, and carries what a package is expected to carry.
+
+Every committed path must check out on Linux, macOS and Windows: no control characters
+(a tab in a name breaks a Windows checkout), no space at either end of a name, none of the
+characters or names Windows reserves, no two paths that differ only in case. Stray
+outputs are refused too: a figure named only ``.png`` is one saved under an empty name.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Characters Windows refuses in a file name.
+_WINDOWS_CHARS = set('<>:"|?*\\')
+#: Names Windows reserves, with any extension (CON, CON.txt, ...).
+_WINDOWS_NAMES = re.compile(r"^(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?$", re.IGNORECASE)
+#: What matplotlib writes when asked to save a figure under an empty name.
+_FIGURE_SUFFIXES = {".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps"}
+
+
+def name_problems(path: str) -> list[str]:
+    """Why ``path`` (slash-separated, relative) would not check out everywhere."""
+    problems: list[str] = []
+    for name in path.split("/"):
+        shown = f"{path!r}: {name!r}"
+        if any(unicodedata.category(c) == "Cc" for c in name):
+            problems.append(f"{shown} has a control character (tab, newline)")
+        if name != name.strip() or name.endswith("."):
+            problems.append(f"{shown} starts or ends with a space or ends with a dot")
+        if _WINDOWS_CHARS & set(name) or _WINDOWS_NAMES.match(name):
+            problems.append(f"{shown} is not a valid Windows file name")
+        if name.strip().lower() in _FIGURE_SUFFIXES:
+            problems.append(f"{shown} is a figure saved under an empty name")
+    return problems
+
+
+def committed_paths() -> list[str]:
+    """The paths git tracks in this checkout (skips with a reason outside a git checkout)."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed: the committed paths cannot be listed")
+    listed = subprocess.run(
+        [git, "ls-files", "-z"], cwd=REPO, capture_output=True, check=False, timeout=60
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode(errors='replace').strip()}")
+    return [p for p in listed.stdout.decode("utf-8").split("\0") if p]
+
+
+def test_every_committed_path_checks_out_everywhere():
+    paths = committed_paths()
+    assert "pyproject.toml" in paths  # the listing worked
+    assert [problem for path in paths for problem in name_problems(path)] == []
+    by_case: dict[str, list[str]] = {}
+    for path in paths:
+        by_case.setdefault(path.lower(), []).append(path)
+    assert [group for group in by_case.values() if len(group) > 1] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("src/torchfit/cli/app.py", None),
+        (".ci/run", None),
+        (".pre-commit-config.yaml", None),
+        ("docs/img/memory_vs_batch.png", None),
+        ("\t.png", "control character"),
+        (" .png", "starts or ends with a space"),
+        (".png", "figure saved under an empty name"),
+        ("docs/a\nb.md", "control character"),
+        ("docs/what?.md", "not a valid Windows file name"),
+        ("aux.py", "not a valid Windows file name"),
+        ("notes.", "ends with a dot"),
+    ],
+)
+def test_name_checker(path, problem):
+    found = name_problems(path)
+    if problem is None:
+        assert found == []
+    else:
+        assert any(problem in line for line in found), found
