@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 import unicodedata
 from pathlib import Path
 
@@ -86,3 +87,41 @@ def test_name_checker(path, problem):
         assert found == []
     else:
         assert any(problem in line for line in found), found
+
+
+def test_the_license_is_the_one_pyproject_declares():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("Apache License\n")
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def _readme_commands() -> list[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    return [
+        block.strip()
+        for block in re.findall(r"^```bash\n(.*?)^```", readme, re.DOTALL | re.MULTILINE)
+    ]
+
+
+def test_ci_runs_the_readme_test_command_word_for_word_under_ci():
+    command = next(c for c in _readme_commands() if c.endswith("&& pytest"))
+    script = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in script
+    # CI=1 picks the hypothesis "ci" profile (tests/conftest.py) before the tests run
+    assert script.index("export CI=1") < script.index(command)
+    # options CI needs live in pyproject's addopts, so the README's plain `pytest` has them
+    options = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "--durations=15" in options["tool"]["pytest"]["ini_options"]["addopts"].split()
+
+
+def test_the_torch_floor_is_the_torch_the_readme_installs():
+    # the declared requirement is what the tests run on, not an older torch nobody tried
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    floor = next(d for d in project["dependencies"] if d.startswith("torch"))
+    pinned = {m[1] for c in _readme_commands() if (m := re.search(r"torch==(\d+\.\d+)\.\d+", c))}
+    assert len(pinned) == 1
+    assert floor == f"torch>={pinned.pop()}"
