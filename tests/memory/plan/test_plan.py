@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+from torchfit._core.units import format_bytes
 from torchfit.memory import GPU
 from torchfit.memory.plan import fits, resolve_budget
 
@@ -238,3 +239,34 @@ def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
     with pytest.raises(ValueError, match=r"gpu must be .* >= 1048576; got 42; .*'24GB'"):
         fits("gpt2", gpu=42)
     assert not fits("gpt2", gpu=2**20).fits  # 1 MiB: a (hopeless) budget, not an error
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "kwargs"),
+    [
+        ("gpt2", "RTX 3060", {"seq_len": 512}),
+        ("llama-2-7b", "RTX 3060", {"mode": "inference", "seq_len": 512}),
+        ("llama-2-13b", ["A100 40GB"] * 8, {"strategy": "fsdp", "seq_len": 2048}),
+    ],
+)
+def test_a_plan_is_truthy_exactly_when_it_fits(model, gpu, kwargs):
+    plan = fits(model, gpu, **kwargs)
+    assert bool(plan) is plan.fits
+    assert ("fits" if plan else "does not fit") == ("fits" if plan.fits else "does not fit")
+
+
+def test_a_plan_repr_is_one_short_line_and_str_the_report():
+    plan = fits("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", seq_len=2048)
+    line = repr(plan)
+    assert "\n" not in line and len(line) < 200
+    assert line == (
+        "<Plan llama-2-13b, train, bf16, batch 1, seq 2048: DOES NOT FIT, "
+        f"{format_bytes(plan.estimate.device_total)} of 40.00 GiB "
+        "on 8 x NVIDIA A100 40GB (fsdp, per rank)>"
+    )
+    assert len(str(plan)) > 1000 and "advice (each re-estimated):" in str(plan)
+    fitting = fits("gpt2", "RTX 3060", seq_len=512)
+    assert repr(fitting).startswith("<Plan gpt2, train, bf16, batch 1, seq 512: FITS, ")
+    assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
+    vision = fits("resnet50", "RTX 3060")
+    assert ", input 3x224x224: " in repr(vision)

@@ -85,24 +85,49 @@ class Plan:
             "settings": dataclasses.asdict(self.settings),
         }
 
+    def __bool__(self) -> bool:
+        """True exactly when it fits: ``if torchfit.fits(...):`` reads as it says."""
+        return self.fits
+
+    def __repr__(self) -> str:
+        """One line: model, verdict, device total against the card (``print`` for the report).
+
+        Example:
+            >>> fits("gpt2", "RTX 3060", seq_len=128)  # doctest: +ELLIPSIS
+            <Plan gpt2, train, bf16, batch 1, seq 128: FITS, ... of 12.00 GiB on NVIDIA GeForce ...>
+        """
+        s = self.settings
+        what = f"{s.model}, {s.mode}, {self._numbers()}, batch {s.batch_size}"
+        what += f", seq {s.seq_len}" if s.seq_len else ""
+        what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        used = f"{format_bytes(self.estimate.device_total)} of {format_bytes(self.budget)}"
+        return f"<Plan {what}: {verdict}, {used} on {self._cards()}>"
+
+    def _numbers(self) -> str:
+        s = self.settings
+        if s.precision is not None and s.dtype in {"int8", "nf4", "int4", "fp4"}:
+            return f"{s.dtype} base, {s.precision}"
+        return s.dtype if s.precision is None else s.precision
+
+    def _cards(self) -> str:
+        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        if self.settings.strategy is not None:
+            cards += f" ({self.settings.strategy}, per rank)"
+        return cards
+
     def __str__(self) -> str:
         """The breakdown, the verdict, the limits and the advice, as a report."""
         s = self.settings
-        numbers = s.dtype if s.precision is None else s.precision
-        if s.precision is not None and s.dtype in {"int8", "nf4", "int4", "fp4"}:
-            numbers = f"{s.dtype} base, {s.precision}"
-        what = f"{s.model}, {s.mode}, {numbers}, batch {s.batch_size}"
+        what = f"{s.model}, {s.mode}, {self._numbers()}, batch {s.batch_size}"
         if s.gradient_accumulation_steps > 1:
             what += f" x {s.gradient_accumulation_steps} accumulation steps"
         what += f", seq {s.seq_len}" if s.seq_len else ""
         what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
         what += f", {s.optimizer}" if s.mode == "train" else ""
-        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
-        if s.strategy is not None:
-            cards += f" ({s.strategy}, per rank)"
         verdict = "FITS" if self.fits else "DOES NOT FIT"
         lines = [
-            f"{what} on {cards} ({format_bytes(self.budget)})",
+            f"{what} on {self._cards()} ({format_bytes(self.budget)})",
             str(self.estimate),
             f"verdict: {verdict} (headroom {format_bytes(self.headroom)})",
             f"largest batch that fits: {self.max_batch_size}",
