@@ -270,3 +270,20 @@ def test_a_plan_repr_is_one_short_line_and_str_the_report():
     assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
     vision = fits("resnet50", "RTX 3060")
     assert ", input 3x224x224: " in repr(vision)
+
+
+def test_the_workspace_note_says_what_its_bytes_are():
+    # gpt2 at 1024 tokens: 400 MiB of workspace, 8 MiB of it cuBLAS's; the rest is the
+    # loss's fp32 logit gradients at the start of backward
+    plan = fits("gpt2", "RTX 3060", seq_len=1024)
+    e = plan.estimate
+    [note] = [n for n in e.notes if n.startswith("workspace ")]
+    assert note.startswith(f"workspace {format_bytes(e.workspace)}: ")
+    assert "8.12 MiB of cuBLAS workspace" in note
+    assert "(start of backward: " in note and "gradients of the logits" in note
+    transient = e.workspace - int(8.125 * 2**20)
+    assert f"{format_bytes(transient)} of the step's transients" in note
+    # inference without a transient: the workspace is cuBLAS's alone, its note says so
+    served = fits("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate
+    assert not [n for n in served.notes if n.startswith("workspace ")]
+    assert any(n.startswith("cuBLAS workspace 8.12 MiB") for n in served.notes)
