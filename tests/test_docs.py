@@ -599,3 +599,24 @@ def test_shown_commands_are_read_with_their_continuations(tmp_path):
     assert shown_commands(page) == [
         ShownCommand(page, 3, 'torchfit plan gpt2 --gpu "RTX 3060"', ["line 1", "..."])
     ]
+
+
+# -- the README's claims are what the code and the benchmarks say ------------------------
+
+
+def test_the_readme_examples_do_what_their_comments_say():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "# FITS, up to batch 7" in readme
+    plan = torchfit.fits(
+        "llama-2-13b",
+        ["A100 40GB"] * 8,
+        strategy="fsdp",
+        param_dtype="bf16",
+        gradient_checkpointing=True,
+        seq_len=2048,
+    )
+    assert plan.fits and plan.max_batch_size == 7
+    assert "# layers 0-30 | 31-39" in readme
+    placed = memory.plan_device_map("llama-2-13b", ["RTX 4090"] * 2, seq_len=4096)
+    assert placed.fits
+    assert [share.layers for share in placed.devices] == [tuple(range(31)), tuple(range(31, 40))]

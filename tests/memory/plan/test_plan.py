@@ -287,3 +287,20 @@ def test_the_workspace_note_says_what_its_bytes_are():
     served = fits("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate
     assert not [n for n in served.notes if n.startswith("workspace ")]
     assert any(n.startswith("cuBLAS workspace 8.12 MiB") for n in served.notes)
+
+
+def test_fsdp_under_autocast_is_advised_bf16_gathers_with_the_copies_it_saves():
+    cards = ["A100 40GB"] * 8
+    plan = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048)
+    [advice] = [a for a in plan.advice if a.knob.startswith("FSDP2 MixedPrecisionPolicy")]
+    assert advice.knob == "FSDP2 MixedPrecisionPolicy(param_dtype=bf16)"
+    assert "autocast keeps no 16-bit weight copies" in advice.detail
+    # the autocast copies (in overhead) are a whole bf16 model: 13B x 2 bytes, per rank
+    assert plan.estimate.overhead > 23 * 2**30
+    gathered = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048, param_dtype="bf16")
+    assert advice.device_total == gathered.estimate.device_total
+    assert advice.saves >= plan.estimate.overhead - gathered.estimate.overhead
+    assert gathered.estimate.overhead < 2**20
+    # nothing to advise where the gathers are 16-bit already, or without FSDP
+    for other in (gathered, fits("llama-2-13b", cards, strategy="ddp", seq_len=2048)):
+        assert not [a for a in other.advice if "MixedPrecisionPolicy" in a.knob]
