@@ -604,6 +604,44 @@ def test_shown_commands_are_read_with_their_continuations(tmp_path):
 # -- the README's claims are what the code and the benchmarks say ------------------------
 
 
+def _benchmark(name: str) -> Any:
+    """A script of benchmarks/ as a module (it puts benchmarks/ on sys.path itself)."""
+    if name in sys.modules:  # tests/benchmarks_published imports it by name too
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_readme_states_the_published_runs_as_the_benchmark_page_does():
+    # benchmarks/published.py --readme prints this paragraph from a fresh run; the page
+    # holds the run's summary lines, so README and page cannot tell different numbers
+    published = _benchmark("published")
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    tuning = published.read_summary(page, published.TUNING)
+    heldout = published.read_summary(page, published.HELDOUT)
+    assert tuning.figures > 0 and heldout.figures > 0  # the summaries were found
+    paragraph = published.readme_paragraph(tuning, heldout)
+    assert _words(paragraph) in _words((REPO / "README.md").read_text(encoding="utf-8"))
+
+
+def test_a_summary_reads_back_as_printed():
+    published = _benchmark("published")
+    summary = published.Summary(44, 7, 0.026, -0.075, 0.193, 0, 7)
+    report = "\n".join(["## Fully specified cases {#x}", "", *summary.lines(), ""])
+    assert published.read_summary(report, published.TUNING) == summary
+    no_figures = published.Summary(0, 1, agree=1)
+    report = "\n".join(["### Held-out cases", "", *no_figures.lines()])
+    assert published.read_summary(report, published.HELDOUT) == no_figures
+
+
 def test_the_readme_examples_do_what_their_comments_say():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "# FITS, up to batch 7" in readme
