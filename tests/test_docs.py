@@ -202,6 +202,15 @@ def test_site_shows_the_version_and_the_changelog(site):
     assert "Unreleased" in _html(site, "changelog")
 
 
+def test_site_has_an_address_wraps_outputs_and_scrolls_tables(site):
+    # canonical links need site_url; without it the 404 page's links break on nested paths
+    assert '<link rel="canonical" href="' in _html(site, "recipes")
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert "white-space: pre-wrap" in css  # outputs wrap instead of being cut
+    assert "overflow-x: auto" in css  # wide tables scroll inside the column
+    assert 'class="language-text highlight"' in _html(site, "recipes")  # what the rule targets
+
+
 def test_site_loads_nothing_from_other_servers(site):
     # Scripts, styles, fonts and images come with the site: it reads the same offline.
     external = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
@@ -209,6 +218,7 @@ def test_site_loads_nothing_from_other_servers(site):
         f"{page.relative_to(site)}: {match}"
         for page in site.rglob("*.html")
         for match in external.findall(page.read_text(encoding="utf-8"))
+        if 'rel="canonical"' not in match  # the page's own address (site_url), not a load
     }
     assert sorted(found) == []
 
