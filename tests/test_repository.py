@@ -125,3 +125,18 @@ def test_the_torch_floor_is_the_torch_the_readme_installs():
     pinned = {m[1] for c in _readme_commands() if (m := re.search(r"torch==(\d+\.\d+)\.\d+", c))}
     assert len(pinned) == 1
     assert floor == f"torch>={pinned.pop()}"
+
+
+def test_pre_commit_runs_ci_lint_format_and_types_with_the_projects_tools():
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text(encoding="utf-8"))
+    [repo] = config["repos"]
+    assert repo["repo"] == "local"  # the tools of the dev extra, not downloaded copies
+    hooks = {hook["id"]: hook for hook in repo["hooks"]}
+    assert sorted(hooks) == ["mypy", "ruff", "ruff-format"]
+    assert all(hook["language"] == "system" for hook in hooks.values())
+    script = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    # the same commands as CI (pre-commit's format fixes where CI's --check reports)
+    assert hooks["ruff"]["entry"] in script
+    assert hooks["ruff-format"]["entry"].replace("ruff format", "ruff format --check") in script
+    assert hooks["mypy"]["entry"] in script
