@@ -56,10 +56,10 @@ def batch_sizes(largest: int) -> list[int]:
 
 def device_totals(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
     """The plan's device total (bytes ``nvidia-smi`` would show) at each batch size."""
-    from torchfit.memory.plan.verdict import _device_estimate  # noqa: PLC0415
+    from torchfit.memory.plan.device import device_estimate  # noqa: PLC0415
 
     return [
-        _device_estimate(
+        device_estimate(
             model, dataclasses.replace(plan.settings, batch_size=size), plan.gpu
         ).device_total
         for size in sizes

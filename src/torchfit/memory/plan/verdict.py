@@ -23,19 +23,18 @@ from torchfit._core.step import (
     resolve_numerics,
 )
 from torchfit._core.units import DType, format_bytes, parse_dtype
-from torchfit.memory.allocator import to_device
 from torchfit.memory.allocator.context import (
     check_context_size,
     given_context,
     parse_cuda_version,
 )
-from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.knobs import ESTIMATE_RULES
 from torchfit.memory.plan.advice import Advice, advise
+from torchfit.memory.plan.device import device_estimate as _device_estimate
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
-from torchfit.memory.plan.sharded import per_rank, shard_param_dtype
+from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
@@ -138,61 +137,6 @@ class Plan:
             lines.append("advice (each re-estimated):")
             lines += [f"  {a}" for a in self.advice]
         return "\n".join(lines)
-
-
-def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
-    single = estimate(model, device="cuda", **settings.kwargs())
-    if settings.strategy is not None and settings.mode == "train":
-        single = per_rank(model, settings, single)
-    placed = to_device(single, gpu=card, **settings.device())
-    # the workspace's note goes before the device notes (cuBLAS's first), after the step's own
-    kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0
-    notes = (*placed.notes[:kept], *workspace_note(single, placed), *placed.notes[kept:])
-    if settings.mode == "train":
-        notes = (*notes, NOT_MODELLED)
-    return placed.replace(notes=notes)
-
-
-#: What the step's own workspace bytes are, by the moment of its peak.
-_TRANSIENTS = {
-    "start of backward": "gradients that live for a moment, such as the loss's fp32 "
-    "gradients of the logits",
-    "optimizer step": "the optimizer update's temporaries",
-}
-
-
-def workspace_note(step: MemoryEstimate, placed: MemoryEstimate) -> tuple[str, ...]:
-    """What the ``workspace`` bytes are: the step's transients beside cuBLAS's workspace.
-
-    ``step`` is the estimate before `to_device`, ``placed`` after it (which adds the
-    cuBLAS workspace). Nothing is said when the workspace is cuBLAS's alone: its own
-    note says so.
-
-    Example:
-        >>> step = MemoryEstimate(workspace=392 * 2**20, peak_at="optimizer step")
-        >>> print(*workspace_note(step, step.replace(workspace=400 * 2**20)))
-        ... # doctest: +NORMALIZE_WHITESPACE
-        workspace 400.00 MiB: 392.00 MiB of the step's transients at its peak (optimizer
-        step: the optimizer update's temporaries) + 8.00 MiB of cuBLAS workspace
-    """
-    if not step.workspace:
-        return ()
-    what = _TRANSIENTS.get(step.peak_at)
-    moment = step.peak_at or "the peak"
-    moment += f": {what}" if what else ""
-    cublas = placed.workspace - step.workspace
-    note = (
-        f"workspace {format_bytes(placed.workspace)}: {format_bytes(step.workspace)} of the "
-        f"step's transients at its peak ({moment})"
-    )
-    return (f"{note} + {format_bytes(cublas)} of cuBLAS workspace" if cublas else note,)
-
-
-#: What a training plan cannot see in the step it plans (each changes the peak).
-NOT_MODELLED = (
-    "not modelled: torch.compile (it fuses ops and frees differently), activations "
-    "offloaded to the CPU, fused linear cross-entropy (Liger)"
-)
 
 
 def _lora_settings(
