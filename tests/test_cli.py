@@ -251,3 +251,57 @@ def test_plan_a_4bit_base_quantized_from_fp16_counts_both_copies(capsys):
     out = capsys.readouterr().out
     # down_proj (11008 x 4096) dequantized to fp16, then copied to bf16
     assert f"(to fp16, then a bf16 copy): {11008 * 4096 * 4:,} bytes" in out
+
+
+def _plan_options():
+    from torchfit.cli.app import _parser
+
+    subparsers = next(a for a in _parser()._actions if a.dest == "command")
+    return [a for a in subparsers.choices["plan"]._actions if a.option_strings]
+
+
+@pytest.mark.parametrize("action", _plan_options(), ids=lambda a: a.option_strings[-1])
+def test_every_plan_option_says_what_it_does(action):
+    assert action.help and action.help.strip(), f"{action.option_strings} has no help text"
+
+
+SEQ_LINE = (
+    "no --seq given: planning the model's maximum, 40960 tokens; pass --seq N to plan N tokens"
+)
+
+
+def test_a_plan_without_seq_says_it_plans_the_models_maximum_first(capsys):
+    assert main(["plan", "Qwen/Qwen3-8B", "--gpu", "H100"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [SEQ_LINE]
+    first = captured.out.splitlines()[0]
+    assert first.startswith("Qwen/Qwen3-8B, train, bf16, batch 1, seq 40960, ")
+    assert "verdict: DOES NOT FIT" in captured.out
+    # stdout stays the plan alone: with --json, one JSON document
+    assert main(["plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["settings"]["seq_len"] == 40960
+    assert captured.err.splitlines() == [SEQ_LINE]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--seq", "4096"],
+        ["plan", "resnet50", "--gpu", "RTX 3060"],  # an image model: no sequence at all
+    ],
+)
+def test_no_seq_line_when_the_sequence_was_given_or_there_is_none(argv, capsys):
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_config_without_a_maximum_says_what_it_plans(capsys):
+    from transformers import T5Config
+
+    from torchfit.memory.plan.settings import default_sequence
+
+    assert default_sequence(T5Config()) == (
+        512,
+        "the length T5 was pre-trained with (its config sets no maximum)",
+    )

@@ -59,7 +59,7 @@ SHAPE = Flag(
         lambda xs: ",".join(map(str, xs))
     ),
 )
-PATH = Flag(("", " ", "/no/such/folder/plan.png", "."), _BLANK)
+PATH = Flag(("", " ", "\t", ".png", " .png", "/no/such/folder/plan.png", "."), _BLANK)
 TEXT = Flag(("", " ", "\t"), _BLANK)
 MODEL = Flag(("", " ", "\t"), _BLANK)
 COMMAND = Flag(("", "qqnope", "plans", "PLAN"), _NONSENSE)
@@ -138,6 +138,18 @@ def refused(argv: list[str], needles: tuple[str, ...], capsys) -> None:
         f"torchfit {argv} names none of {needles}: {err!r}"
     )
     assert "Traceback" not in err
+
+
+@pytest.fixture(autouse=True)
+def _in_an_empty_folder(tmp_path, monkeypatch):
+    """Run where a wrongly accepted --plot would write, and check nothing was written.
+
+    Before --plot was checked, its blank values ("", " ", a tab) each wrote a picture
+    named ".png", " .png" or "\t.png" into the folder the tests ran in.
+    """
+    monkeypatch.chdir(tmp_path)
+    yield
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def _needles(command: str, name: str) -> tuple[str, ...]:

@@ -202,6 +202,15 @@ def test_site_shows_the_version_and_the_changelog(site):
     assert "Unreleased" in _html(site, "changelog")
 
 
+def test_site_has_an_address_wraps_outputs_and_scrolls_tables(site):
+    # canonical links need site_url; without it the 404 page's links break on nested paths
+    assert '<link rel="canonical" href="' in _html(site, "recipes")
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert "white-space: pre-wrap" in css  # outputs wrap instead of being cut
+    assert "overflow-x: auto" in css  # wide tables scroll inside the column
+    assert 'class="language-text highlight"' in _html(site, "recipes")  # what the rule targets
+
+
 def test_site_loads_nothing_from_other_servers(site):
     # Scripts, styles, fonts and images come with the site: it reads the same offline.
     external = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
@@ -209,6 +218,7 @@ def test_site_loads_nothing_from_other_servers(site):
         f"{page.relative_to(site)}: {match}"
         for page in site.rglob("*.html")
         for match in external.findall(page.read_text(encoding="utf-8"))
+        if 'rel="canonical"' not in match  # the page's own address (site_url), not a load
     }
     assert sorted(found) == []
 
@@ -599,3 +609,62 @@ def test_shown_commands_are_read_with_their_continuations(tmp_path):
     assert shown_commands(page) == [
         ShownCommand(page, 3, 'torchfit plan gpt2 --gpu "RTX 3060"', ["line 1", "..."])
     ]
+
+
+# -- the README's claims are what the code and the benchmarks say ------------------------
+
+
+def _benchmark(name: str) -> Any:
+    """A script of benchmarks/ as a module (it puts benchmarks/ on sys.path itself)."""
+    if name in sys.modules:  # tests/benchmarks_published imports it by name too
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_readme_states_the_published_runs_as_the_benchmark_page_does():
+    # benchmarks/published.py --readme prints this paragraph from a fresh run; the page
+    # holds the run's summary lines, so README and page cannot tell different numbers
+    published = _benchmark("published")
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    tuning = published.read_summary(page, published.TUNING)
+    heldout = published.read_summary(page, published.HELDOUT)
+    assert tuning.figures > 0 and heldout.figures > 0  # the summaries were found
+    paragraph = published.readme_paragraph(tuning, heldout)
+    assert _words(paragraph) in _words((REPO / "README.md").read_text(encoding="utf-8"))
+
+
+def test_a_summary_reads_back_as_printed():
+    published = _benchmark("published")
+    summary = published.Summary(44, 7, 0.026, -0.075, 0.193, 0, 7)
+    report = "\n".join(["## Fully specified cases {#x}", "", *summary.lines(), ""])
+    assert published.read_summary(report, published.TUNING) == summary
+    no_figures = published.Summary(0, 1, agree=1)
+    report = "\n".join(["### Held-out cases", "", *no_figures.lines()])
+    assert published.read_summary(report, published.HELDOUT) == no_figures
+
+
+def test_the_readme_examples_do_what_their_comments_say():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "# FITS, up to batch 7" in readme
+    plan = torchfit.fits(
+        "llama-2-13b",
+        ["A100 40GB"] * 8,
+        strategy="fsdp",
+        param_dtype="bf16",
+        gradient_checkpointing=True,
+        seq_len=2048,
+    )
+    assert plan.fits and plan.max_batch_size == 7
+    assert "# layers 0-30 | 31-39" in readme
+    placed = memory.plan_device_map("llama-2-13b", ["RTX 4090"] * 2, seq_len=4096)
+    assert placed.fits
+    assert [share.layers for share in placed.devices] == [tuple(range(31)), tuple(range(31, 40))]

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchfit._core.units import format_bytes
 from torchfit.memory import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
 
 byte_counts = st.integers(min_value=0, max_value=2**42)
@@ -125,3 +126,20 @@ def test_a_lazy_module_not_run_yet_is_refused_with_the_fix(how):
         call()
     model(torch.randn(2, 3))  # materialized: now it works
     assert call() is not None
+
+
+@given(estimates)
+@settings(max_examples=50, deadline=None)
+def test_repr_is_one_line_with_the_peak_and_str_the_table(e):
+    e = e.replace(peak_at="start of backward", notes=("a note " * 50,) * 20)
+    line = repr(e)
+    assert "\n" not in line and len(line) < 150
+    assert line.startswith(f"<MemoryEstimate (cuda): {format_bytes(e.total)} allocated at the peak")
+    assert "(start of backward)" in line
+    assert f"; {format_bytes(e.device_total)} on the device>" in line or not e.context
+    assert str(e).count("\n") > 20  # the full table with every note
+
+
+def test_repr_of_a_cpu_estimate_has_no_device_view():
+    e = MemoryEstimate(weights=2**20, device="cpu")
+    assert repr(e) == "<MemoryEstimate (cpu): 1.00 MiB allocated at the peak>"

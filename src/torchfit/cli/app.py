@@ -77,8 +77,20 @@ def _parser() -> argparse.ArgumentParser:
         help="with --strategy fsdp: FSDP2 MixedPrecisionPolicy(param_dtype=...), bf16 or fp16",
     )
     mode = plan.add_mutually_exclusive_group()
-    mode.add_argument("--train", dest="mode", action="store_const", const="train")
-    mode.add_argument("--inference", dest="mode", action="store_const", const="inference")
+    mode.add_argument(
+        "--train",
+        dest="mode",
+        action="store_const",
+        const="train",
+        help="plan a training step: forward, backward, optimizer step (the default)",
+    )
+    mode.add_argument(
+        "--inference",
+        dest="mode",
+        action="store_const",
+        const="inference",
+        help="plan inference: one forward without gradients (--new-tokens N: generate N tokens)",
+    )
     plan.set_defaults(mode="train")
     plan.add_argument(
         "--dtype",
@@ -86,7 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         type=values.dtype_or_auto,
         help="auto (bf16, or fp16 without native bf16), fp32, bf16, fp16, int8, nf4",
     )
-    plan.add_argument("--seq", type=values.count, default=None, help="tokens per sample")
+    plan.add_argument(
+        "--seq",
+        type=values.count,
+        default=None,
+        help="tokens per sample (default: the model's maximum; a line on stderr says so)",
+    )
     plan.add_argument(
         "--batch", type=values.count, default=1, help="batch size to check (default 1)"
     )
@@ -188,10 +205,9 @@ def _plan(args: argparse.Namespace) -> int:
     refuse_idle_flags(args)
     card, _ = resolve_budget(args.gpu)
     target = [card] * args.gpus if args.gpus > 1 else card
+    model = extras.model_of(args)
     plan = fits(
-        extras.model_of(args),
-        target,
-        **{parameter: getattr(args, dest) for parameter, dest in _FITS.items()},
+        model, target, **{parameter: getattr(args, dest) for parameter, dest in _FITS.items()}
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(
@@ -203,6 +219,8 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(args.model, plan, args.plot)
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
+    if args.seq is None and plan.settings.seq_len is not None:  # before the answer, on stderr
+        print(_default_seq(model, plan.settings.seq_len), file=sys.stderr)
     if args.json:
         data = plan.to_dict()
         if traced is not None:
@@ -221,6 +239,14 @@ def _plan(args: argparse.Namespace) -> int:
         print(placed)
     _wrote_plot(args.plot, file=sys.stdout)
     return 0
+
+
+def _default_seq(model: Any, tokens: int) -> str:
+    """The line that says which sequence a plan without ``--seq`` planned."""
+    from torchfit.memory.plan.settings import config_of, default_sequence  # noqa: PLC0415
+
+    _, what = default_sequence(config_of(model))
+    return f"no --seq given: planning {what}, {tokens} tokens; pass --seq N to plan N tokens"
 
 
 def _wrote_plot(path: str | None, *, file: TextIO) -> None:

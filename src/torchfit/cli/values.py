@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = [
@@ -192,11 +191,9 @@ def _model(text: str) -> object:
 
 
 def _plot(text: str) -> object:
-    path = Path(_text(text))
-    if path.is_dir() or not path.parent.is_dir():
-        msg = f"expected a file to write in an existing folder, e.g. plan.png; got {text!r}"
-        raise ValueError(msg)
-    return path
+    from torchfit.memory.plan.plot import plot_path  # noqa: PLC0415
+
+    return plot_path(text)
 
 
 dtype = _reader("dtype", _dtype, keep=True)

@@ -191,6 +191,21 @@ class MemoryEstimate:
         data["device_total"] = self.device_total
         return data
 
+    def __repr__(self) -> str:
+        """One line: the device, the peak and where it is (``print`` for the table).
+
+        Example:
+            >>> MemoryEstimate(weights=3 * 2**30, activations=2**30, peak_at="forward")
+            <MemoryEstimate (cuda): 4.00 GiB allocated at the peak (forward)>
+            >>> MemoryEstimate(weights=2**30, reserved=2**31, context=2**28)
+            <MemoryEstimate (cuda): 1.00 GiB allocated at the peak; 2.25 GiB on the device>
+        """
+        text = f"<MemoryEstimate ({self.device}): {format_bytes(self.total)} allocated at the peak"
+        text += f" ({self.peak_at})" if self.peak_at else ""
+        if self.reserved is not None or self.context:
+            text += f"; {format_bytes(self.device_total)} on the device"
+        return f"{text}>"
+
     def __str__(self) -> str:
         """A table in binary units, categories first, then the allocator and device view."""
         rows = [(name, value) for name, value in self.items() if value]

@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+from torchfit._core.units import format_bytes
 from torchfit.memory import GPU
 from torchfit.memory.plan import fits, resolve_budget
 
@@ -238,3 +239,68 @@ def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
     with pytest.raises(ValueError, match=r"gpu must be .* >= 1048576; got 42; .*'24GB'"):
         fits("gpt2", gpu=42)
     assert not fits("gpt2", gpu=2**20).fits  # 1 MiB: a (hopeless) budget, not an error
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "kwargs"),
+    [
+        ("gpt2", "RTX 3060", {"seq_len": 512}),
+        ("llama-2-7b", "RTX 3060", {"mode": "inference", "seq_len": 512}),
+        ("llama-2-13b", ["A100 40GB"] * 8, {"strategy": "fsdp", "seq_len": 2048}),
+    ],
+)
+def test_a_plan_is_truthy_exactly_when_it_fits(model, gpu, kwargs):
+    plan = fits(model, gpu, **kwargs)
+    assert bool(plan) is plan.fits
+    assert ("fits" if plan else "does not fit") == ("fits" if plan.fits else "does not fit")
+
+
+def test_a_plan_repr_is_one_short_line_and_str_the_report():
+    plan = fits("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", seq_len=2048)
+    line = repr(plan)
+    assert "\n" not in line and len(line) < 200
+    assert line == (
+        "<Plan llama-2-13b, train, bf16, batch 1, seq 2048: DOES NOT FIT, "
+        f"{format_bytes(plan.estimate.device_total)} of 40.00 GiB "
+        "on 8 x NVIDIA A100 40GB (fsdp, per rank)>"
+    )
+    assert len(str(plan)) > 1000 and "advice (each re-estimated):" in str(plan)
+    fitting = fits("gpt2", "RTX 3060", seq_len=512)
+    assert repr(fitting).startswith("<Plan gpt2, train, bf16, batch 1, seq 512: FITS, ")
+    assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
+    vision = fits("resnet50", "RTX 3060")
+    assert ", input 3x224x224: " in repr(vision)
+
+
+def test_the_workspace_note_says_what_its_bytes_are():
+    # gpt2 at 1024 tokens: 400 MiB of workspace, 8 MiB of it cuBLAS's; the rest is the
+    # loss's fp32 logit gradients at the start of backward
+    plan = fits("gpt2", "RTX 3060", seq_len=1024)
+    e = plan.estimate
+    [note] = [n for n in e.notes if n.startswith("workspace ")]
+    assert note.startswith(f"workspace {format_bytes(e.workspace)}: ")
+    assert "8.12 MiB of cuBLAS workspace" in note
+    assert "(start of backward: " in note and "gradients of the logits" in note
+    transient = e.workspace - int(8.125 * 2**20)
+    assert f"{format_bytes(transient)} of the step's transients" in note
+    # inference without a transient: the workspace is cuBLAS's alone, its note says so
+    served = fits("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate
+    assert not [n for n in served.notes if n.startswith("workspace ")]
+    assert any(n.startswith("cuBLAS workspace 8.12 MiB") for n in served.notes)
+
+
+def test_fsdp_under_autocast_is_advised_bf16_gathers_with_the_copies_it_saves():
+    cards = ["A100 40GB"] * 8
+    plan = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048)
+    [advice] = [a for a in plan.advice if a.knob.startswith("FSDP2 MixedPrecisionPolicy")]
+    assert advice.knob == "FSDP2 MixedPrecisionPolicy(param_dtype=bf16)"
+    assert "autocast keeps no 16-bit weight copies" in advice.detail
+    # the autocast copies (in overhead) are a whole bf16 model: 13B x 2 bytes, per rank
+    assert plan.estimate.overhead > 23 * 2**30
+    gathered = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048, param_dtype="bf16")
+    assert advice.device_total == gathered.estimate.device_total
+    assert advice.saves >= plan.estimate.overhead - gathered.estimate.overhead
+    assert gathered.estimate.overhead < 2**20
+    # nothing to advise where the gathers are 16-bit already, or without FSDP
+    for other in (gathered, fits("llama-2-13b", cards, strategy="ddp", seq_len=2048)):
+        assert not [a for a in other.advice if "MixedPrecisionPolicy" in a.knob]

@@ -6,7 +6,14 @@ import pytest
 
 import torchfit
 from torchfit.cli import main
-from torchfit.memory.plan.plot import YLABEL, batch_sizes, device_totals, draw_plan
+from torchfit.memory.plan.plot import (
+    YLABEL,
+    batch_sizes,
+    device_totals,
+    draw_plan,
+    plot_path,
+    plot_plan,
+)
 
 plt = pytest.importorskip("matplotlib.pyplot")
 
@@ -91,3 +98,32 @@ def test_the_cli_says_where_it_wrote_the_plot(tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["gpu"] == "NVIDIA GeForce RTX 3060 12GB"
     assert captured.err.startswith(f"plot: {out} ")
+
+
+@pytest.mark.parametrize(
+    "name", ["", " ", "\t", ".png", " .png", "\t.png", " plan.png", "a\nb.png"]
+)
+def test_a_blank_or_unportable_name_is_refused_before_drawing(name, tmp_path, monkeypatch):
+    # matplotlib adds ".png" to a name without a suffix: "" " " and a tab once wrote the
+    # files ".png", " .png" and "\t.png" into the repository's root
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="expected a file to write in an existing folder"):
+        plot_path(name)
+    plan = torchfit.fits("gpt2", "RTX 3060", seq_len=128)
+    with pytest.raises(ValueError, match=r"e\.g\. plan\.png"):
+        plot_plan("gpt2", plan, name)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", [".", "no/such/folder/plan.png"])
+def test_a_folder_or_a_missing_folder_is_refused(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="existing folder"):
+        plot_path(name)
+
+
+def test_the_picture_is_written_at_the_path_given_suffix_or_not(tmp_path):
+    plan = torchfit.fits("gpt2", "RTX 3060", seq_len=128)
+    plot_plan("gpt2", plan, tmp_path / "plan")
+    assert [p.name for p in tmp_path.iterdir()] == ["plan"]  # not plan.png
+    assert (tmp_path / "plan").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -116,7 +116,7 @@ def test_the_command_line_refuses_contradictions_in_one_line(capsys):
 
 
 def test_a_training_plan_says_what_it_does_not_model():
-    from torchfit.memory.plan.verdict import NOT_MODELLED
+    from torchfit.memory.plan.device import NOT_MODELLED
 
     trained = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64)
     served = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64, mode="inference")

@@ -19,6 +19,8 @@ __all__ = ["Advice", "advise", "lora_parameters"]
 
 _LORA_RANK = 16
 _SHARDS = (2, 4, 8, 16, 32, 64)
+#: Precisions under which a 16-bit training dtype means autocast (None: fits' default).
+_AUTOCAST = frozenset({None, "bf16-mixed", "16-mixed"})
 #: Data-parallel strategies the advice tries, cheapest communication first, with what
 #: each shards (`torchfit.memory.sharding`).
 _STRATEGIES = (
@@ -90,6 +92,13 @@ def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], s
                 "model.gradient_checkpointing_enable(); about 30% more compute",
             )
         )
+    # FSDP under autocast: the 16-bit copies of each gathered layer's weights are saved for
+    # backward, a whole 16-bit model per rank, which 16-bit gathers do not make
+    autocast = settings.dtype in {"bf16", "fp16"} and settings.precision in _AUTOCAST
+    if training and autocast and settings.strategy in {"fsdp", "hsdp"} and not settings.param_dtype:
+        how = f"{settings.dtype} gathers: autocast keeps no 16-bit weight copies for backward"
+        policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.dtype})"
+        options.append((policy, {"param_dtype": settings.dtype}, how))
     if training and settings.optimizer in {"adam", "adamw"}:
         options.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, "bitsandbytes.optim.AdamW8bit"))
     quantized = settings.dtype in {"int8", "int4", "nf4", "fp4"}

@@ -10,7 +10,10 @@ stack it was given), so the picture and the verdict cannot disagree.
 from __future__ import annotations
 
 import dataclasses
+import os
+import unicodedata
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchfit._core.imports import require
@@ -19,7 +22,16 @@ from torchfit._core.units import format_bytes
 if TYPE_CHECKING:
     from torchfit.memory.plan import Plan
 
-__all__ = ["YLABEL", "answer", "batch_sizes", "device_totals", "draw_plan", "plot_plan", "title"]
+__all__ = [
+    "YLABEL",
+    "answer",
+    "batch_sizes",
+    "device_totals",
+    "draw_plan",
+    "plot_path",
+    "plot_plan",
+    "title",
+]
 
 _GIB = 2**30
 #: The y-axis: the quantity every point is.
@@ -44,10 +56,10 @@ def batch_sizes(largest: int) -> list[int]:
 
 def device_totals(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
     """The plan's device total (bytes ``nvidia-smi`` would show) at each batch size."""
-    from torchfit.memory.plan.verdict import _device_estimate  # noqa: PLC0415
+    from torchfit.memory.plan.device import device_estimate  # noqa: PLC0415
 
     return [
-        _device_estimate(
+        device_estimate(
             model, dataclasses.replace(plan.settings, batch_size=size), plan.gpu
         ).device_total
         for size in sizes
@@ -127,10 +139,43 @@ def draw_plan(model: Any, plan: Plan) -> Any:
     return figure
 
 
-def plot_plan(model: Any, plan: Plan, path: str) -> None:
-    """Save `draw_plan`'s picture of ``plan`` as a PNG at ``path``."""
+def plot_path(path: str | os.PathLike[str]) -> Path:
+    r"""``path`` as the file a picture is written to, or a ``ValueError`` saying why not.
+
+    A name must name something: matplotlib adds ``.png`` to a name without a suffix, so
+    an empty or blank one (``""``, ``" "``, a tab) would write a hidden ``.png``,
+    ``" .png"`` or ``"\t.png"`` where the command runs. Control characters and spaces at
+    either end of the name are refused too (a tab in a file name breaks Windows
+    checkouts), and so are folders and paths whose folder does not exist.
+
+    Example:
+        >>> str(plot_path("plan.png"))
+        'plan.png'
+        >>> plot_path(" ")
+        Traceback (most recent call last):
+        ValueError: expected a file to write in an existing folder, e.g. plan.png; got ' '
+    """
+    text = os.fspath(path)
+    name = Path(text).name
+    stem = name.removesuffix(".png")
+    unportable = name != name.strip() or any(unicodedata.category(c) == "Cc" for c in name)
+    found = Path(text)
+    if not stem.strip() or unportable or found.is_dir() or not found.parent.is_dir():
+        msg = f"expected a file to write in an existing folder, e.g. plan.png; got {text!r}"
+        raise ValueError(msg)
+    return found
+
+
+def plot_plan(model: Any, plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Save `draw_plan`'s picture of ``plan`` as a PNG at ``path``, exactly there.
+
+    Raises:
+        ValueError: ``path`` cannot be the picture's file (see `plot_path`).
+    """
+    target = plot_path(path)
     figure = draw_plan(model, plan)
-    figure.savefig(path, dpi=120, metadata={"Software": None})
+    # format= keeps matplotlib from adding ".png" to a name without it: the file is `path`
+    figure.savefig(target, format="png", dpi=120, metadata={"Software": None})
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     plt.close(figure)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["Settings", "config_of", "default_seq_len", "max_positions", "transformer_spec"]
+__all__ = [
+    "Settings",
+    "config_of",
+    "default_seq_len",
+    "default_sequence",
+    "max_positions",
+    "transformer_spec",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +105,6 @@ def transformer_spec(model: Any) -> Any:
 
 def default_seq_len(model: Any, settings: Settings) -> Settings:
     """Fill in what one sample is: the model's longest sequence, or its image."""
-    from torchfit.memory.catalog.inputs import DEFAULT_SEQUENCE, sequence_limit  # noqa: PLC0415
     from torchfit.memory.catalog.resolve import (  # noqa: PLC0415
         is_vision,
         resolve_model,
@@ -115,7 +121,25 @@ def default_seq_len(model: Any, settings: Settings) -> Settings:
         return dataclasses.replace(settings, input_shape=resolved.input_shape)
     if is_vision(config):
         return dataclasses.replace(settings, input_shape=vision_input_shape(config))
-    return dataclasses.replace(settings, seq_len=sequence_limit(config) or DEFAULT_SEQUENCE)
+    return dataclasses.replace(settings, seq_len=default_sequence(config)[0])
+
+
+def default_sequence(config: Any) -> tuple[int, str]:
+    """The sequence planned when none is given, and what it is in words.
+
+    Example:
+        >>> from transformers import GPT2Config, T5Config
+        >>> default_sequence(GPT2Config())
+        (1024, "the model's maximum")
+        >>> default_sequence(T5Config())[1]
+        'the length T5 was pre-trained with (its config sets no maximum)'
+    """
+    from torchfit.memory.catalog.inputs import DEFAULT_SEQUENCE, sequence_limit  # noqa: PLC0415
+
+    limit = sequence_limit(config)
+    if limit:
+        return limit, "the model's maximum"
+    return DEFAULT_SEQUENCE, "the length T5 was pre-trained with (its config sets no maximum)"
 
 
 def max_positions(model: Any, settings: Settings) -> int:

@@ -23,19 +23,18 @@ from torchfit._core.step import (
     resolve_numerics,
 )
 from torchfit._core.units import DType, format_bytes, parse_dtype
-from torchfit.memory.allocator import to_device
 from torchfit.memory.allocator.context import (
     check_context_size,
     given_context,
     parse_cuda_version,
 )
-from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.knobs import ESTIMATE_RULES
 from torchfit.memory.plan.advice import Advice, advise
+from torchfit.memory.plan.device import device_estimate as _device_estimate
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
-from torchfit.memory.plan.sharded import per_rank, shard_param_dtype
+from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
@@ -85,24 +84,49 @@ class Plan:
             "settings": dataclasses.asdict(self.settings),
         }
 
+    def __bool__(self) -> bool:
+        """True exactly when it fits: ``if torchfit.fits(...):`` reads as it says."""
+        return self.fits
+
+    def __repr__(self) -> str:
+        """One line: model, verdict, device total against the card (``print`` for the report).
+
+        Example:
+            >>> fits("gpt2", "RTX 3060", seq_len=128)  # doctest: +ELLIPSIS
+            <Plan gpt2, train, bf16, batch 1, seq 128: FITS, ... of 12.00 GiB on NVIDIA GeForce ...>
+        """
+        s = self.settings
+        what = f"{s.model}, {s.mode}, {self._numbers()}, batch {s.batch_size}"
+        what += f", seq {s.seq_len}" if s.seq_len else ""
+        what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        used = f"{format_bytes(self.estimate.device_total)} of {format_bytes(self.budget)}"
+        return f"<Plan {what}: {verdict}, {used} on {self._cards()}>"
+
+    def _numbers(self) -> str:
+        s = self.settings
+        if s.precision is not None and s.dtype in {"int8", "nf4", "int4", "fp4"}:
+            return f"{s.dtype} base, {s.precision}"
+        return s.dtype if s.precision is None else s.precision
+
+    def _cards(self) -> str:
+        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        if self.settings.strategy is not None:
+            cards += f" ({self.settings.strategy}, per rank)"
+        return cards
+
     def __str__(self) -> str:
         """The breakdown, the verdict, the limits and the advice, as a report."""
         s = self.settings
-        numbers = s.dtype if s.precision is None else s.precision
-        if s.precision is not None and s.dtype in {"int8", "nf4", "int4", "fp4"}:
-            numbers = f"{s.dtype} base, {s.precision}"
-        what = f"{s.model}, {s.mode}, {numbers}, batch {s.batch_size}"
+        what = f"{s.model}, {s.mode}, {self._numbers()}, batch {s.batch_size}"
         if s.gradient_accumulation_steps > 1:
             what += f" x {s.gradient_accumulation_steps} accumulation steps"
         what += f", seq {s.seq_len}" if s.seq_len else ""
         what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
         what += f", {s.optimizer}" if s.mode == "train" else ""
-        cards = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
-        if s.strategy is not None:
-            cards += f" ({s.strategy}, per rank)"
         verdict = "FITS" if self.fits else "DOES NOT FIT"
         lines = [
-            f"{what} on {cards} ({format_bytes(self.budget)})",
+            f"{what} on {self._cards()} ({format_bytes(self.budget)})",
             str(self.estimate),
             f"verdict: {verdict} (headroom {format_bytes(self.headroom)})",
             f"largest batch that fits: {self.max_batch_size}",
@@ -113,23 +137,6 @@ class Plan:
             lines.append("advice (each re-estimated):")
             lines += [f"  {a}" for a in self.advice]
         return "\n".join(lines)
-
-
-def _device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
-    single = estimate(model, device="cuda", **settings.kwargs())
-    if settings.strategy is not None and settings.mode == "train":
-        single = per_rank(model, settings, single)
-    placed = to_device(single, gpu=card, **settings.device())
-    if settings.mode != "train":
-        return placed
-    return placed.replace(notes=(*placed.notes, NOT_MODELLED))
-
-
-#: What a training plan cannot see in the step it plans (each changes the peak).
-NOT_MODELLED = (
-    "not modelled: torch.compile (it fuses ops and frees differently), activations "
-    "offloaded to the CPU, fused linear cross-entropy (Liger)"
-)
 
 
 def _lora_settings(

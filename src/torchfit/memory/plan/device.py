@@ -1,0 +1,77 @@
+"""A plan's device view: the step estimated, taken to the card, and what it says of itself.
+
+`device_estimate` is the one estimate every verdict, limit, advice and picture of a plan
+compares with the card: `estimate` for the CUDA target, per rank under a strategy
+(`per_rank`), then `to_device` (reserved bytes, CUDA context, cuBLAS workspace), with notes
+on what its workspace bytes are and what a training plan cannot see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchfit._core.units import format_bytes
+from torchfit.memory.allocator import to_device
+from torchfit.memory.estimator import estimate
+from torchfit.memory.gpus import GPU
+from torchfit.memory.plan.settings import Settings
+from torchfit.memory.plan.sharded import per_rank
+from torchfit.memory.result import MemoryEstimate
+
+__all__ = ["NOT_MODELLED", "device_estimate", "workspace_note"]
+
+
+def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
+    """The device estimate a plan judges: ``settings`` estimated, per rank, on ``card``."""
+    single = estimate(model, device="cuda", **settings.kwargs())
+    if settings.strategy is not None and settings.mode == "train":
+        single = per_rank(model, settings, single)
+    placed = to_device(single, gpu=card, **settings.device())
+    # the workspace's note goes before the device notes (cuBLAS's first), after the step's own
+    kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0
+    notes = (*placed.notes[:kept], *workspace_note(single, placed), *placed.notes[kept:])
+    if settings.mode == "train":
+        notes = (*notes, NOT_MODELLED)
+    return placed.replace(notes=notes)
+
+
+#: What the step's own workspace bytes are, by the moment of its peak.
+_TRANSIENTS = {
+    "start of backward": "gradients that live for a moment, such as the loss's fp32 "
+    "gradients of the logits",
+    "optimizer step": "the optimizer update's temporaries",
+}
+
+
+def workspace_note(step: MemoryEstimate, placed: MemoryEstimate) -> tuple[str, ...]:
+    """What the ``workspace`` bytes are: the step's transients beside cuBLAS's workspace.
+
+    ``step`` is the estimate before `to_device`, ``placed`` after it (which adds the
+    cuBLAS workspace). Nothing is said when the workspace is cuBLAS's alone: its own
+    note says so.
+
+    Example:
+        >>> step = MemoryEstimate(workspace=392 * 2**20, peak_at="optimizer step")
+        >>> print(*workspace_note(step, step.replace(workspace=400 * 2**20)))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        workspace 400.00 MiB: 392.00 MiB of the step's transients at its peak (optimizer
+        step: the optimizer update's temporaries) + 8.00 MiB of cuBLAS workspace
+    """
+    if not step.workspace:
+        return ()
+    what = _TRANSIENTS.get(step.peak_at)
+    moment = step.peak_at or "the peak"
+    moment += f": {what}" if what else ""
+    cublas = placed.workspace - step.workspace
+    note = (
+        f"workspace {format_bytes(placed.workspace)}: {format_bytes(step.workspace)} of the "
+        f"step's transients at its peak ({moment})"
+    )
+    return (f"{note} + {format_bytes(cublas)} of cuBLAS workspace" if cublas else note,)
+
+
+#: What a training plan cannot see in the step it plans (each changes the peak).
+NOT_MODELLED = (
+    "not modelled: torch.compile (it fuses ops and frees differently), activations "
+    "offloaded to the CPU, fused linear cross-entropy (Liger)"
+)
