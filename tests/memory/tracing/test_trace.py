@@ -414,6 +414,38 @@ def test_trace_step_on_a_hand_written_step():
     assert optimizer.state == {}  # the user's optimizer never stepped
 
 
+@pytest.mark.parametrize("scaler_made_in_the_step", [True, False])
+def test_trace_step_of_the_amp_loop_with_a_grad_scaler(scaler_made_in_the_step):
+    """PyTorch's AMP recipe: autocast forward, scaled backward, scaler.step, update."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+    scaler = torch.amp.GradScaler("cpu")  # the loop's own, made once outside the loop
+
+    def step(model_, optimizer_, scaler_, x_, y_):
+        if scaler_made_in_the_step:
+            scaler_ = torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model_(x_), y_)
+        scaler_.scale(loss).backward()
+        scaler_.step(optimizer_)
+        scaler_.update()
+        optimizer_.zero_grad(set_to_none=True)
+
+    work = copy.deepcopy((model, optimizer, scaler))
+    step(*work, x, y)
+    measured = measure_peak(step, *work, x, y, track=(*work, x, y), device="cpu")
+    result = trace_step(step, model, optimizer, scaler, x, y)
+    assert abs(relative_error(result.estimate.total, measured.peak)) <= TOLERANCE
+    states = 2 * 4 * sum(p.numel() for p in model.parameters())  # AdamW: exp_avg, exp_avg_sq
+    assert states <= result.estimate.optimizer <= states + 4 * 4  # + one step count each
+    assert any("GradScaler" in note for note in result.estimate.notes)
+    assert optimizer.state == {}
+    assert scaler._scale is None  # the user's scaler was copied, never used  # noqa: SLF001
+    assert torch.amp.GradScaler._maybe_opt_step.__qualname__.startswith("GradScaler")
+
+
 # -- the user's objects are untouched ------------------------------------------------------
 def snapshot(model, optimizer):
     tensors = {f"p.{k}": v.detach().clone() for k, v in model.state_dict().items()}

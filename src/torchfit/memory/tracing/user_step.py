@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ from torch import nn
 from torchfit._core import checks
 from torchfit.memory.tracing.fake import reachable_tensors
 from torchfit.memory.tracing.result import Trace
+from torchfit.memory.tracing.scaler import SCALER_NOTE, scaler_assumes_finite
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
 from torchfit.memory.tracing.tracer import parse_device
 
@@ -76,6 +78,9 @@ def trace_step(
         progress: Show a tqdm progress bar.
         **kwargs: Passed to ``fn`` (as fake copies).
 
+    A ``torch.amp.GradScaler`` in ``fn`` (the AMP loop) is traced as a step with finite
+    gradients: its optimizer steps, and the estimate's notes say so.
+
     Returns:
         A `Trace`; its ``estimate`` compares with ``measure_peak(fn, *args,
         track=args)`` run after the same warm-up.
@@ -115,4 +120,9 @@ def trace_step(
         describe=f"the user's step {getattr(fn, '__qualname__', repr(fn))}",
         fake_mode=fake_mode,
     )
-    return run_session(session)
+    with scaler_assumes_finite() as stepped:
+        traced = run_session(session)
+    if not stepped:
+        return traced
+    notes = (*traced.estimate.notes, SCALER_NOTE)
+    return dataclasses.replace(traced, estimate=traced.estimate.replace(notes=notes))
