@@ -442,7 +442,7 @@ def test_trace_step_of_the_amp_loop_with_a_grad_scaler(scaler_made_in_the_step):
     assert states <= result.estimate.optimizer <= states + 4 * 4  # + one step count each
     assert any("GradScaler" in note for note in result.estimate.notes)
     assert optimizer.state == {}
-    assert scaler._scale is None  # the user's scaler was copied, never used  # noqa: SLF001
+    assert scaler._scale is None  # the user's scaler was copied, never used
     assert torch.amp.GradScaler._maybe_opt_step.__qualname__.startswith("GradScaler")
 
 
