@@ -117,6 +117,35 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "bert-base": ("BertConfig", {}),
+    "llama-3.1-8b": (
+        "LlamaConfig",
+        {
+            **LLAMA_1B,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "head_dim": 128,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "gemma-2-2b": (
+        "Gemma2Config",
+        {
+            "hidden_size": 2304,
+            "intermediate_size": 9216,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "vocab_size": 256000,
+            "sliding_window": 4096,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 256,
+            "tie_word_embeddings": True,
+            "attn_implementation": "eager",
+        },
+    ),
 }
 # --dry: the same architectures, tiny.
 SHRINK = {
@@ -153,6 +182,8 @@ class Case:
     cap_gib: float | None = None  # capped: per-process limit for the allocator
 
 
+_ALL_LINEAR = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
+
 CASES: list[Case] = [
     Case("F1_gpt2_fp32_adamw_s1024_cap16", "capped", "gpt2", 0, 1024, cap_gib=16),
     Case(
@@ -183,7 +214,7 @@ CASES: list[Case] = [
         autocast="bf16",
         gradient_checkpointing=True,
         qlora=True,
-        lora={"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"},
+        lora=_ALL_LINEAR,
     ),
     Case(
         "L1_llama1b_untied_lora16_bf16base_autocast_b4_s2048",
@@ -193,7 +224,7 @@ CASES: list[Case] = [
         2048,
         weights="bf16",
         autocast="bf16",
-        lora={"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"},
+        lora=_ALL_LINEAR,
     ),
     Case(
         "T1_llama3b_bf16true_gc_b4_s4096",
@@ -249,6 +280,70 @@ CASES: list[Case] = [
         2048,
         weights="bf16",
         optimizer="adamw-fused",
+    ),
+    # The second run: tighter caps over more recipes, Gemma 2, and an 8B QLoRA.
+    Case(
+        "F4_qwen05b_bf16mixed_s1024_cap24",
+        "capped",
+        "qwen2.5-0.5b",
+        0,
+        1024,
+        autocast="bf16",
+        cap_gib=24,
+    ),
+    Case(
+        "F5_llama1b_untied_qlora_gc_s2048_cap12",
+        "capped",
+        "llama-3.2-1b-untied",
+        0,
+        2048,
+        autocast="bf16",
+        gradient_checkpointing=True,
+        qlora=True,
+        lora=_ALL_LINEAR,
+        cap_gib=12,
+    ),
+    Case("F6_gpt2medium_fp32_s1024_cap20", "capped", "gpt2-medium", 0, 1024, cap_gib=20),
+    Case(
+        "F7_resnet101_fp32_sgdm_cap12",
+        "capped",
+        "torchvision/resnet101",
+        0,
+        task="vision",
+        optimizer="sgd-momentum",
+        cap_gib=12,
+    ),
+    Case(
+        "F8_bert_mlm_fp16_s512_cap10",
+        "capped",
+        "bert-base",
+        0,
+        512,
+        task="mlm",
+        autocast="fp16",
+        cap_gib=10,
+    ),
+    Case(
+        "F9_llama3b_bf16true_gc_s4096_cap40",
+        "capped",
+        "llama-3.2-3b",
+        0,
+        4096,
+        weights="bf16",
+        gradient_checkpointing=True,
+        cap_gib=40,
+    ),
+    Case("T10_gemma2_2b_eager_bf16true_b2_s2048", "train", "gemma-2-2b", 2, 2048, weights="bf16"),
+    Case(
+        "Q3_llama8b_untied_qlora16_gc_b1_s2048",
+        "train",
+        "llama-3.1-8b",
+        1,
+        2048,
+        autocast="bf16",
+        gradient_checkpointing=True,
+        qlora=True,
+        lora=_ALL_LINEAR,
     ),
     Case("I1_qwen05b_forward_bf16_b4_s8192", "forward", "qwen2.5-0.5b", 4, 8192),
     Case(
@@ -463,7 +558,8 @@ def timed(run: Run, fn: Callable[[], None], steps: int = TIMED_STEPS) -> dict[st
     return {"step_times": times, "step_median_s": sorted(times)[len(times) // 2]}
 
 
-def measure_train(run: Run, case: Case) -> dict[str, Any]:
+def train_model(run: Run, case: Case) -> tuple[Any, Any, dict[str, Any]]:
+    """The case's model ready to train (checkpointing, LoRA, QLoRA applied), its config."""
     extra: dict[str, Any] = {}
     if case.qlora:
         model, config, extra["load"] = qlora_model(run, case)
@@ -476,6 +572,11 @@ def measure_train(run: Run, case: Case) -> dict[str, Any]:
     if config is not None:
         model.config.use_cache = False
     model.train()
+    return model, config, extra
+
+
+def measure_train(run: Run, case: Case) -> dict[str, Any]:
+    model, config, extra = train_model(run, case)
     batch = make_batch(run, case, config, 2 if run.dry else case.batch)
     opt = make_optimizer(case, list(model.parameters()))
     scaler = torch.amp.GradScaler(run.device) if case.autocast == "fp16" else None
@@ -568,14 +669,24 @@ def _fits(run: Run, case: Case, model: Any, opt: Any, *, config: Any, batch: int
     return ok
 
 
+def _peaks(run: Run, case: Case, model: Any, opt: Any, *, config: Any, batch: int) -> Any:
+    """Allocated and reserved peaks of the second of two steps at ``batch`` (clean start)."""
+    data = make_batch(run, case, config, batch)
+    train_step(case, model, data, opt, None)
+    run.sync()
+    if not run.dry:
+        torch.cuda.reset_peak_memory_stats()
+    train_step(case, model, data, opt, None)
+    run.sync()
+    found = run.stats()
+    data = None
+    run.clean()
+    return found
+
+
 def measure_capped(run: Run, case: Case) -> dict[str, Any]:
     """The true largest batch under a per-process cap: doubling, then bisection."""
-    model, config = build(run, case, weights_dtype(case))
-    if case.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if config is not None:
-        model.config.use_cache = False
-    model.train()
+    model, config, _ = train_model(run, case)
     opt = make_optimizer(case, list(model.parameters()))
     train_step(case, model, make_batch(run, case, config, 1), opt, None)  # optimizer state
     run.clean()
@@ -601,13 +712,17 @@ def measure_capped(run: Run, case: Case) -> dict[str, Any]:
             ok = _fits(run, case, model, opt, config=config, batch=mid)
             trials.append((mid, ok))
             good, bad = (mid, bad) if ok else (good, mid)
+        capped = _peaks(run, case, model, opt, config=config, batch=good)
     finally:
         if not run.dry:
             torch.cuda.set_per_process_memory_fraction(1.0)
+    free = _peaks(run, case, model, opt, config=config, batch=good)
     return {
         "cap_bytes": cap,
         "largest_batch": good,
         "trials": trials,
+        "at_largest_capped": capped,
+        "at_largest_uncapped": free,
         "model_bytes_before": run.stats()["alloc"],
         "config": None if config is None else config.to_dict(),
     }
