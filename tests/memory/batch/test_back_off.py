@@ -34,7 +34,7 @@ def _no_gc():
 @pytest.mark.parametrize("start", [128, 1000, 4096])
 def test_when_memory_grows_with_the_batch_any_limit_is_found_within_10_percent(start):
     # Every limit up to 40, then every 40th size: the default max_trials (25) suffices
-    # from a start 4096 times the limit (12 gave up on 1 and missed 24 of these).
+    # from a start 4096 times the limit (12 gave up on 1 and missed 23 of these).
     limits = [*range(1, 41), *range(41, start + 1, 40)]
     steps = {}
     for limit in limits:
