@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from torchfit.precision.choice import (
     choose_precision,
     parse_precision,
 )
-from torchfit.precision.state import STATE_FORMAT, ScaleLog, check_state
+from torchfit.precision.state import ScaleLog, check_state, make_state
 from torchfit.precision.step import NonFiniteCheck, StepOutcome
 from torchfit.precision.window import Window
 
@@ -377,23 +377,25 @@ class MixedPrecision:
                 "micro-batches: the accumulated gradients are in no state dict, so a resumed "
                 "run would lose them. Checkpoint right after step() returns STEPPED or SKIPPED."
             )
-        return {
-            "format": STATE_FORMAT,
-            "precision": str(self.dtype),
-            "accumulate": self.accumulate,
-            "optimizer_steps": self.optimizer_steps,
-            "skipped_steps": self.skipped_steps,
-            "scale_history": [list(event) for event in self._scale.events],
-            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
-        }
+        counters = (self.optimizer_steps, self.skipped_steps)
+        return make_state(
+            precision=str(self.dtype), accumulate=self.accumulate, counters=counters,
+            scale_log=self._scale, scaler=self.scaler,
+        )  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` saved; a resumed run continues exactly.
 
         Raises:
-            ValueError: the state was saved with another precision or accumulation.
+            TypeError: ``state`` is not a dict (``None``, from a checkpoint saved without
+                this state, included: skip the call then).
+            ValueError: saved with another precision or accumulation, or not whole
+                (GradScaler's own, keys missing, bad values); nothing is loaded.
         """
-        check_state(state, precision=str(self.dtype), accumulate=self.accumulate)
+        state = check_state(
+            state, precision=str(self.dtype), accumulate=self.accumulate,
+            scaler=self.scaler is not None,
+        )  # fmt: skip
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_steps = int(state["skipped_steps"])
         self._scale.load(state["scale_history"], state["scaler"])

@@ -6,6 +6,12 @@ them. It follows that line while the line foresees every OOM seen. An OOM it did
 foresee (fragmentation, another process, cuDNN or NCCL handles: memory the meter does
 not see) makes it optimistic: the search then shrinks by a real factor and bisects
 between the last size that ran and the failure, instead of retrying just below it.
+
+Shrinking skips sizes, which is safe only while memory grows with the batch. It does
+not always: cuDNN and cuBLAS pick kernels and workspaces by shape, and a cuDNN
+"not supported" (an OOM in disguise) strikes some shapes only. So when every size down
+to 1 ran out of memory and no measured line explains why, the search walks back up
+through the sizes it skipped, smallest first, before it gives up.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class Bracket:
         self.oks: list[_Observed] = []
         self.ooms: list[_Observed] = []
         self.failed = 0  # OOMs, measured or not
+        self.tried: set[int] = set()
+        self.failed_sizes: set[int] = set()
         self.streak = 0
         self.bisecting = False
         # Bytes held, and held plus the refused request, at OOMs that struck below the budget
@@ -83,6 +91,9 @@ class Bracket:
         ``fitted=False`` (the warm-up) keeps its bytes out of the line.
         """
         self.failed += not ok
+        self.tried.add(batch_size)
+        if not ok:
+            self.failed_sizes.add(batch_size)
         if peak is not None and resident is not None and fitted:
             (self.oks if ok else self.ooms).append(_Observed(batch_size, peak, resident))
         below = self.budget is not None and peak is not None and peak <= self.budget
@@ -172,7 +183,9 @@ class Bracket:
         after a success whose step was measured, an OOM the meter saw (its bytes past
         the budget) gives the secant from that success: its size is tried once. Else,
         with a size that ran below, bisect between them (`bisect`); with none, shrink
-        by a real factor, never above what the model still allows.
+        by a real factor, never above what the model still allows. Once size 1 has
+        failed too, the sizes the shrinking skipped are tried, smallest first
+        (`walk_back`), unless the measured line explains every OOM.
         """
         self.hi = batch_size if self.hi is None else min(self.hi, batch_size)
         self.streak += 1
@@ -193,12 +206,32 @@ class Bracket:
         numerator, denominator = _SHRINK if self.streak == 1 else _HALVE
         nxt = self.hi * numerator // denominator
         nxt = min(nxt if solved is None else min(solved, nxt), self.hi - 1)
-        return max(nxt, min(1, self.hi - 1))
+        nxt = max(nxt, min(1, self.hi - 1))
+        return nxt or self.walk_back()
+
+    def walk_back(self) -> int:
+        """After every size down to 1 failed: the smallest size skipped (0: give up).
+
+        A line fitted to measured steps that puts every failed size past the usable
+        bytes (the model itself does not fit) means no smaller size can run: 0. Else
+        memory may not grow with the batch (a kernel chosen by shape, a cuDNN refusal
+        of some shapes), so a skipped size may run where a smaller one did not, and the
+        search tries each one, smallest first, while trials remain: after 128, 89,
+        44, 22, 11, 5, 2 and 1 fail, it tries 3, 4, 6, 7, 8, ...
+        """
+        if self.explained() or not self.failed_sizes:
+            return 0
+        top = max(self.failed_sizes)
+        return next((b for b in range(1, top) if b not in self.tried), 0)
 
     def after_ok(self, batch_size: int) -> int:
         """The next size after ``batch_size`` ran (0: stop, or bisect when `bisecting`)."""
         self.lo = max(self.lo, batch_size)
         self.streak = 0
+        if self.hi is not None and self.hi <= self.lo:
+            # A walk back found a size that runs above one that failed: the bracket
+            # now ends at the smallest failure above it.
+            self.hi = min((b for b in self.failed_sizes if b > self.lo), default=None)
         if self.hi is not None and not self.explained():
             # The measured steps do not foresee the failure above: bisect, not extrapolate.
             self.bisecting = not self.close()

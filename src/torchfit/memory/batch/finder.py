@@ -179,7 +179,7 @@ def find_batch_size(
     margin: float | Margin | None = None,
     restore: object = (),
     warmup: bool | None = None,
-    max_trials: int = 12,
+    max_trials: int = 25,
 ) -> Callable[..., BatchSizeResult] | _Decorator | _AccumulatingDecorator:
     """Find the biggest batch your own step runs with: predict, verify, back off.
 
@@ -208,8 +208,12 @@ def find_batch_size(
        gap below the size that failed is closed by the measured line if that line
        foresees every OOM seen; else (or once an OOM follows a success) it bisects
        between the last success and the failure on a 10% grid, so the answer is within
-       10% of the largest size that runs. Errors that are not OOMs are re-raised
-       untouched.
+       10% of the largest size that runs. If every size down to 1 failed and no
+       measured line explains it (memory that does not grow with the batch: kernels
+       and cuDNN refusals chosen by shape), it walks back up through the sizes it
+       skipped, smallest first, and closes the gap above the first that runs; only
+       then, or when ``max_trials`` is spent, does it give up. Errors that are not
+       OOMs are re-raised untouched.
     4. With ``probe_upward``, after a success it tries the largest size the measured
        steps allow (on a simulated card or CUDA: the secant of the two largest, since at
        small batches the optimizer step can set a flat peak), else doubles and bisects.
@@ -241,7 +245,7 @@ def find_batch_size(
         restore: An object or a tuple of objects to restore after each trial.
         warmup: Force (True) or skip (False) the warm-up step; by default, when a named
             optimizer has no state.
-        max_trials: At most this many real steps.
+        max_trials: At most this many real steps (Lightning's default, 25).
 
     Returns:
         A function of the step's remaining arguments that returns a `BatchSizeResult`;

@@ -3,7 +3,8 @@
 A callable ``batch_size -> MemoryEstimate`` (an estimator, a trace) is evaluated at the
 two smallest sizes the model accepts, the line through them is solved within the
 usable bytes, and the answer is checked with the callable itself; memory that is not
-affine falls back to a bisection over the callable.
+affine falls back to a bisection over the callable. Every evaluation leaves the global
+RNGs as it found them (`evaluate`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Callable
 import torch
 
 from torchfit._core.bisection import gallop, last_true
+from torchfit._core.rng import kept_rng
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["Line", "fit_sizes", "solve_callable", "total"]
+__all__ = ["Line", "evaluate", "fit_sizes", "solve_callable", "total"]
 
 # A batch above this means the prediction never reaches the budget (a bug in predict).
 _NEVER = 2**40
@@ -53,15 +55,33 @@ class _NotAnEstimateError(TypeError):
     """A predictor returned something other than a `MemoryEstimate` (never skipped)."""
 
 
-def total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
-    """``predict(batch_size).total``; a result that is not a `MemoryEstimate` is an error."""
-    estimate = predict(batch_size)
+def evaluate(predict: Callable[[int], MemoryEstimate], batch_size: int) -> MemoryEstimate:
+    """``predict(batch_size)``, with every global RNG put back as it was (`kept_rng`).
+
+    A predictor may draw random numbers (``torch.randint`` token ids, a sampled batch);
+    a prediction is not a step, so the caller's next draw stays the one it would have
+    been, even when the predictor raises, and every evaluation starts from the same
+    RNG state. A result that is not a `MemoryEstimate` is an error.
+
+    Example:
+        >>> before = torch.get_rng_state()
+        >>> _ = evaluate(lambda b: MemoryEstimate(activations=int(torch.rand(1) * b)), 8)
+        >>> torch.equal(torch.get_rng_state(), before)
+        True
+    """
+    with kept_rng():
+        estimate = predict(batch_size)
     if not isinstance(estimate, MemoryEstimate):
         raise _NotAnEstimateError(
             f"predict({batch_size}) returned {type(estimate).__name__}; a predictor must "
             "return a torchfit MemoryEstimate (e.g. lambda b: memory.estimate(model, batch_size=b))"
         )
-    return estimate.total
+    return estimate
+
+
+def total(predict: Callable[[int], MemoryEstimate], batch_size: int) -> int:
+    """``predict(batch_size).total``, through `evaluate`."""
+    return evaluate(predict, batch_size).total
 
 
 #: Sizes a callable predictor is tried at, in order, until two are accepted: a model

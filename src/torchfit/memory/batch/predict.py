@@ -16,7 +16,7 @@ import torch
 from torchfit._core import checks
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.allocator.context import cuda_context_bytes
-from torchfit.memory.batch.fit import Line, solve_callable
+from torchfit.memory.batch.fit import Line, evaluate, solve_callable
 from torchfit.memory.batch.simulate import SimulatedGPU, active_simulator
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import read_budget
@@ -264,7 +264,7 @@ def max_batch_size(
         and found.kind is BudgetKind.GPU
         and callable(predict)
     ):
-        context = predict(1).context
+        context = evaluate(predict, 1).context
     usable = resolve_margin(margin, found.kind, context, found.card).usable(found.bytes)
     return solve_predictor(predict, usable, batch_sizes=batch_sizes)[0]
 

@@ -3,8 +3,9 @@
 * `Snapshot` copies what the user named (modules, optimizers, tensors, anything with
   ``state_dict``/``load_state_dict``) and every RNG (torch CPU and CUDA, ``random``,
   numpy) to host memory, and writes it back bitwise, in place where it can, after each
-  trial. Copies are taken with simulated cards paused: on a real GPU they live in host
-  memory, so they must not eat the simulated card.
+  trial; a module's training modes and its parameters' ``requires_grad`` too. Copies
+  are taken with simulated cards paused: on a real GPU they live in host memory, so
+  they must not eat the simulated card.
 * `Meter` reads the memory a trial used: the innermost `simulate_gpu` if one is active,
   else CUDA's allocator statistics, else nothing.
 * `agree_min` makes every rank of an initialized process group take the same value.
@@ -73,12 +74,15 @@ def _device_tree(value: Any) -> Any:
 def _snap_module(module: nn.Module) -> Callable[[], None]:
     tensors = [(t, _host(t)) for t in (*module.parameters(), *module.buffers())]
     grads = [(p, None if p.grad is None else _host(p.grad)) for p in module.parameters()]
+    frozen = [(p, p.requires_grad) for p in module.parameters()]
     modes = [(m, m.training) for m in module.modules()]
 
     def restore() -> None:
         for tensor, saved in tensors:
             with torch.no_grad():
                 tensor.copy_(saved)
+        for param, requires_grad in frozen:
+            param.requires_grad_(requires_grad)
         for param, grad in grads:
             param.grad = None if grad is None else _put(param.grad, grad, param.device)
         for sub, training in modes:
@@ -124,11 +128,14 @@ def _snap_optimizer(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
 def _snap_tensor(tensor: torch.Tensor) -> Callable[[], None]:
     saved = _host(tensor)
     grad = None if tensor.grad is None else _host(tensor.grad)
+    requires_grad = tensor.requires_grad
 
     def restore() -> None:
         with torch.no_grad():
             tensor.copy_(saved)
-        if tensor.requires_grad or grad is not None:
+        if tensor.is_leaf:
+            tensor.requires_grad_(requires_grad)
+        if tensor.is_leaf or grad is not None:  # a non-leaf's .grad warns when read
             tensor.grad = None if grad is None else _put(tensor.grad, grad, tensor.device)
 
     return restore
