@@ -109,7 +109,7 @@ def test_is_oom_follows_raise_from():
 
 def test_solve_batch_size_inverts_the_line_with_the_margin():
     assert solve_batch_size(line(1000, 10), 2000, margin=0.0) == 100
-    assert solve_batch_size(line(1000, 10), 2000) == 80  # 10% of 2000 kept free
+    assert solve_batch_size(line(1000, 10), 2000) == 90  # 5% of 2000 kept free
     assert solve_batch_size(line(1000, 10), "2KB", margin=Margin(0.0, reserve=500)) == 50
     assert solve_batch_size(line(3000, 10), 2000) == 0
 
@@ -150,14 +150,14 @@ def test_max_batch_size_for_a_card_holds_back_the_cuda_context(monkeypatch):
     card = GPU(name="Test 8GB", memory=8 * 2**30)
     plain = max_batch_size(line(2**30, 10 * MiB), 8 * 2**30)
     on_card = max_batch_size(line(2**30, 10 * MiB), card)
-    usable = math.floor(8 * 2**30 * 0.9) - cuda_context_bytes(card)
+    usable = math.floor(8 * 2**30 * (1 - Margin().fraction)) - cuda_context_bytes(card)
     assert on_card == (usable - 2**30) // (10 * MiB)
     assert on_card < plain
     # An estimate that models its own context is trusted over the default.
     own = AffineEstimate(
         MemoryEstimate(weights=2**30, context=100 * MiB), MemoryEstimate(activations=10 * MiB)
     )
-    expected = (math.floor(8 * 2**30 * 0.9) - 100 * MiB - 2**30) // (10 * MiB)
+    expected = (math.floor(8 * 2**30 * (1 - Margin().fraction)) - 100 * MiB - 2**30) // (10 * MiB)
     assert max_batch_size(own, card) == expected
 
 
@@ -177,7 +177,9 @@ def test_the_batch_margin_reserves_the_context_to_device_adds(monkeypatch, conte
     assert reserve == cuda_context_bytes(card) == parse_bytes(context)
     assert reserve == to_device(MemoryEstimate(device="cuda"), gpu=card).context
     after = max_batch_size(line(2**30, 10 * MiB), card)
-    assert after == (math.floor(8 * 2**30 * 0.9) - reserve - 2**30) // (10 * MiB)
+    assert after == (math.floor(8 * 2**30 * (1 - Margin().fraction)) - reserve - 2**30) // (
+        10 * MiB
+    )
     assert after != before
     assert (after > before) is (reserve < DEFAULT_CUDA_CONTEXT_BYTES)
 
