@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchfit.memory import trace, trace_step
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
@@ -123,3 +124,48 @@ def test_torch_autocast_is_itself_again_after_the_trace():
     with pytest.warns(UserWarning, match="CUDA is not available"):
         region = torch.autocast("cuda", dtype=torch.float16)
     assert not region._enabled
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """The ATen ops that run, with their floating input and output dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        self.seen.append((func.__name__, floats[:1], getattr(out, "dtype", None)))
+        return out
+
+
+def _ops_of(fn):
+    """On fake tensors, as a trace runs them (the CPU has no fused half-to-float kernel)."""
+    with FakeTensorMode():
+        x = torch.randn(8, 32, dtype=torch.float16, requires_grad=True)
+        y = torch.randint(0, 32, (8,))
+        with cuda_autocast_on_cpu(), torch.autocast("cpu", dtype=torch.float16), _Ops() as ops:
+            out = fn(x, y)
+        with _Ops() as back:
+            out.float().sum().backward()
+        return ops.seen, back.seen, x.grad.dtype
+
+
+def test_fp16_softmax_runs_cudas_fused_half_to_float_kernel():
+    # CUDA: no fp32 copy of the fp16 input, an fp32 result, an fp16 gradient.
+    forward, backward, grad = _ops_of(lambda x, _y: torch.softmax(x, -1))
+    assert ("_softmax.default", [torch.float16], torch.float32) in forward
+    assert not any(name == "_to_copy.default" for name, _, _ in forward)
+    assert grad == torch.float16
+    assert ("_softmax_backward_data.default", [torch.float32], torch.float16) in backward
+
+
+def test_fp16_cross_entropy_casts_at_nll_loss_as_cuda_does():
+    # CUDA's cross_entropy_loss is not autocast as a whole: log_softmax runs in fp16, and
+    # only nll_loss casts its input to fp32 (so an fp16 and an fp32 copy are kept).
+    forward, _, grad = _ops_of(lambda x, y: torch.nn.functional.cross_entropy(x, y))
+    assert ("_log_softmax.default", [torch.float16], torch.float16) in forward
+    assert ("_to_copy.default", [torch.float16], torch.float32) in forward
+    assert ("nll_loss_forward.default", [torch.float32]) in [(n, d) for n, d, _ in forward]
+    assert grad == torch.float16

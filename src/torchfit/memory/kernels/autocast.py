@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = [
     "CPU_ONLY",
@@ -160,6 +161,13 @@ CPU_ONLY = (
     "_native_multi_head_attention",
 )
 
+#: Composite ops CPU autocast casts as a whole but CUDA's autocast does not: on CUDA they
+#: decompose and the ops inside are autocast one by one. cross_entropy_loss runs
+#: log_softmax in the input's own dtype (aten/src/ATen/native/LossNLL.cpp) and only
+#: nll_loss casts to fp32: under fp16 autocast an fp16 log-softmax and an fp32 copy of it
+#: are kept, where a cast of the whole op would keep two fp32 tensors.
+CUDA_DECOMPOSED = ("cross_entropy_loss",)
+
 _LOW = frozenset({torch.float16, torch.bfloat16})
 
 
@@ -245,17 +253,50 @@ _POLICIES: dict[str, Callable[[list[str], tuple[Any, ...], dict[str, Any]], Argu
 }
 
 
-def _kernel(op: Any, policy: str) -> Callable[..., Any]:
+#: On CUDA, softmax and log_softmax of a float16 input asked for a float32 result (what
+#: autocast's ``set_opt_dtype`` asks) run one fused kernel, ``_softmax(input, dim,
+#: half_to_float=True)``: no float32 copy of the input is made, and the backward returns
+#: the input's gradient in float16 (aten/src/ATen/native/SoftMax.cpp, ``softmax`` and
+#: ``log_softmax`` with a dtype; bfloat16 is not on that path and is converted first).
+_HALF_TO_FLOAT = {
+    "softmax.int": torch.ops.aten._softmax.default,  # noqa: SLF001
+    "log_softmax.int": torch.ops.aten._log_softmax.default,  # noqa: SLF001
+}
+
+
+def _kernel(op: Any, policy: str, name: str = "") -> Callable[..., Any]:
     """A Python ``AutocastCPU`` kernel for ``op`` applying CUDA's ``policy``."""
     names = [argument.name for argument in op._schema.arguments]  # noqa: SLF001
+    if policy == "decompose":
+        return op.decompose  # type: ignore[no-any-return]
     apply = _POLICIES[policy]
+    fused = _HALF_TO_FLOAT.get(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = apply(names, args, kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST):  # noqa: SLF001
+            if fused is not None and _half_to_float(names, args, kwargs):
+                dim = args[1] if len(args) > 1 else kwargs["dim"]
+                return fused(args[0], dim, True)  # noqa: FBT003 - half_to_float, positional in ATen
+            args, kwargs = apply(names, args, kwargs)
             return op(*args, **kwargs)
 
     return kernel
+
+
+def _half_to_float(names: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A float16 input and no dtype asked: CUDA's fused half-to-float softmax runs.
+
+    Only on data-free tensors (fake or meta: a trace): the CPU has no such kernel.
+    """
+    where = names.index("dtype")
+    dtype = args[where] if where < len(args) else kwargs.get("dtype")
+    first = args[0] if args else None
+    return (
+        dtype is None
+        and isinstance(first, torch.Tensor)
+        and first.dtype == torch.float16
+        and (first.is_meta or isinstance(first, FakeTensor))
+    )
 
 
 @contextlib.contextmanager
@@ -280,13 +321,14 @@ def cuda_autocast_on_cpu() -> Iterator[None]:
         + [(name, "set_opt_dtype") for name in CUDA_FP32_SET_OPT_DTYPE]
         + [(name, "promote") for name in CUDA_PROMOTE]
         + [(name, "none") for name in CPU_ONLY]
+        + [(name, "decompose") for name in CUDA_DECOMPOSED]
     )
     try:
         with warnings.catch_warnings():
             # Replacing CPU autocast's own kernels warns that a kernel is overridden.
             warnings.simplefilter("ignore")
             for name, policy in policies:
-                kernel = _kernel(_op(name), policy)
+                kernel = _kernel(_op(name), policy, name)
                 library.impl(name, kernel, "AutocastCPU")  # type: ignore[no-untyped-call]
         yield
     finally:
