@@ -319,6 +319,7 @@ MEMORY: list[Case] = [
         kwargs={"events": EVENTS},
         kinds={
             "events": Kind("events", (3, None, [("a", -1)], [("a", 2.5)], [(1, 2, 3)])),
+            "warmup": Kind("warmup", (3, [("a", -1)], [("a", 2.5)], [(1, 2, 3)], [("a",)])),
             "capacity": Kind("capacity", (0, -1, 2.5, NAN, "1GB", True)),
             "max_split_size": NON_NEGATIVE,
             "roundup_power2_divisions": NON_NEGATIVE,
@@ -344,6 +345,7 @@ MEMORY: list[Case] = [
             "estimate": Kind("estimate", (3, None, "1GB", {"weights": 1})),
             "gpu": Kind("gpu", ("", 42, 2.5, True, [1])),
             "events": Kind("events", (3, [("a", -1)], [("a", 2.5)])),
+            "warmup": Kind("warmup", (3, [("a", -1)], [("a", 2.5)])),
             "context_bytes": SIZE,
             "workspace": FLAG,
             "fragmentation": FRACTION,

@@ -214,6 +214,23 @@ def test_restart_keeps_the_baseline_forgets_the_rest_and_records_afresh():
     del keep
 
 
+def test_restart_while_recording_closes_the_events_so_far_with_frees_of_the_dropped():
+    ledger = Ledger()
+    ledger.recording = True
+    keep, drop = torch.empty(10), torch.empty(25)
+    kept, _ = ledger.add(keep.untyped_storage())
+    dropped, _ = ledger.add(drop.untyped_storage())
+    before = ledger.events
+    assert ledger.restart([kept]) == 100
+    assert before == [
+        Event("alloc", kept.id, 40),
+        Event("alloc", dropped.id, 100),
+        Event("free", dropped.id, 100),
+    ]
+    assert ledger.events == [Event("alloc", kept.id, 40)]  # a new list, the same id
+    del keep, drop
+
+
 def test_fake_and_meta_storages_are_counted_and_freed_like_real_ones():
     ledger = Ledger()
     with FakeTensorMode():

@@ -279,9 +279,12 @@ class Ledger:
     def restart(self, keep: Iterable[Entry]) -> int:
         """Count only ``keep`` from now on and record afresh; return the bytes dropped.
 
-        The other storages are forgotten without a free (their frees are no longer
-        watched). `events` starts again with one ``alloc`` per kept storage, in
-        registration order; recording is switched on, and `peak` restarts from `live`.
+        The other storages are forgotten (their frees are no longer watched); when
+        recording, the events so far end with a ``free`` of each, so that they stay a
+        whole trace whose live storages at the end are ``keep`` (a recorded warm-up
+        replays into the state the step starts from). `events` is then a new list,
+        starting with one ``alloc`` per kept storage, in registration order, with the
+        ids they had; recording is switched on, and `peak` restarts from `live`.
         """
         self.drain()
         kept = {entry.key: entry for entry in keep}
@@ -290,6 +293,8 @@ class Ledger:
             if kept.get(key) is not entry:
                 dropped += entry.nbytes
                 del self._entries[key]
+                if self.recording and entry.nbytes:
+                    self.events.append(Event("free", entry.id, entry.nbytes))
         self._live = sum(entry.nbytes for entry in self._entries.values())
         self.events = [
             Event("alloc", entry.id, entry.nbytes)

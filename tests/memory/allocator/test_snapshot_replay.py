@@ -1,16 +1,12 @@
 """The caching-allocator model against real CUDA memory snapshots, and their reading.
 
-``data/h200_snapshots.json.gz`` holds seven training steps measured by this project on an
-NVIDIA H200 (torch 2.11.0+cu130, driver 580.159): each step's memory snapshot (stripped
-of stacks) and its measured ``max_memory_reserved`` / ``max_memory_allocated``. Replayed
-from the allocator's state when recording began, the model must give those peaks, and
-place every block where the real allocator did.
+``data/`` holds nineteen steps measured by this project on an NVIDIA H200 (torch
+2.11.0+cu130, driver 580.159.04) in two runs (`memory.allocator.h200`): each step's
+memory snapshot (stripped of stacks) and its measured ``max_memory_reserved`` /
+``max_memory_allocated``. Replayed from the allocator's state when recording began, the
+model must give those peaks, and place every block where the real allocator did.
 """
 
-import functools
-import gzip
-import json
-import pathlib
 import pickle
 from unittest import mock
 
@@ -18,6 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from memory.allocator import h200
 from torchfit.memory.allocator import (
     CachingAllocator,
     SegmentInfo,
@@ -29,25 +26,18 @@ from torchfit.memory.allocator import (
 from torchfit.memory.allocator.blocks import FreePool
 
 MiB = 2**20
-DATA = pathlib.Path(__file__).with_name("data") / "h200_snapshots.json.gz"
+CASES = sorted({**h200.run("a"), **h200.run("b")})
 
 
-@functools.cache
-def cases():
-    return {c["case"]: c for c in json.loads(gzip.decompress(DATA.read_bytes()))["cases"]}
-
-
-CASES = sorted(cases())
-
-
-def test_the_data_holds_the_seven_measured_steps():
-    assert len(CASES) == 7
-    assert DATA.stat().st_size < 1_500_000
+def test_the_data_holds_the_measured_steps():
+    assert len(h200.run("a")) == 7
+    assert len(h200.run("b")) == 12  # the generate case left out (make_h200_snapshots.py)
+    assert sum(path.stat().st_size for path in h200.FILES.values()) < 1_000_000
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_replay_gives_the_measured_peaks(name):
-    case = cases()[name]
+    case = h200.case(name)
     measured = case["measured"]
     replayed = replay_snapshot(case["snapshot"])
     reserved = replayed.stats.peak_reserved
@@ -58,17 +48,17 @@ def test_replay_gives_the_measured_peaks(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_replay_follows_the_real_allocator_block_for_block(name):
-    replayed = replay_snapshot(cases()[name]["snapshot"])
+    replayed = replay_snapshot(h200.case(name)["snapshot"])
     assert replayed.allocations > 600
     assert replayed.same_address == replayed.allocations, replayed.first_divergence
     assert replayed.same_end_state
     assert replayed.stats.peak_reserved == replayed.recorded_peak_reserved
-    assert replayed.stats.peak_allocated == cases()[name]["measured"]["max_memory_allocated"]
+    assert replayed.stats.peak_allocated == h200.case(name)["measured"]["max_memory_allocated"]
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_the_start_state_is_what_the_allocator_held_before_the_step(name):
-    case = cases()[name]
+    case = h200.case(name)
     trace = read_snapshot(case["snapshot"])
     assert trace.reserved == case["measured"]["memory_reserved_before"]
     assert trace.allocated == case["measured"]["memory_allocated_before"]
@@ -91,8 +81,8 @@ def _first_fit(pool, size):
 def test_the_data_tells_a_wrong_model_apart():
     # Best fit with ties to the highest address misplaces blocks; first fit by address
     # also reserves far more: the checks above can fail.
-    snapshot = cases()["T01_gpt2_fp32_b8_s1024"]["snapshot"]
-    measured = cases()["T01_gpt2_fp32_b8_s1024"]["measured"]["max_memory_reserved"]
+    snapshot = h200.case("T01_gpt2_fp32_b8_s1024")["snapshot"]
+    measured = h200.case("T01_gpt2_fp32_b8_s1024")["measured"]["max_memory_reserved"]
     with mock.patch.object(FreePool, "lower_bound", _highest_address_first):
         ties = replay_snapshot(snapshot)
     assert ties.same_address < ties.allocations / 2

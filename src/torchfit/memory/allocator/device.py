@@ -193,6 +193,7 @@ def to_device(
     *,
     gpu: str | GPU | None = None,
     events: Iterable[Sequence[object]] | None = None,
+    warmup: Iterable[Sequence[object]] | None = None,
     context_bytes: int | str | None = None,
     workspace: bool = True,
     fragmentation: float = DEFAULT_FRAGMENTATION,
@@ -203,17 +204,22 @@ def to_device(
 
     With ``events`` (the exact allocation sequence behind the estimate, as `replay`
     takes it, every tensor the estimate counts included), ``reserved`` is the replayed
-    ``max_memory_reserved``: exact under the modelled rules. Without, it is
-    `approximate_reserved` of the estimate's ``total``. With ``workspace`` the cuBLAS
-    workspace (`cublas_workspace_bytes`) is added to the ``workspace`` category (and, in
-    a replay, allocated before the first event, as the first matmul would). ``context``
-    comes from ``context_bytes`` when given, else `cuda_context_bytes`.
+    ``max_memory_reserved``: exact under the modelled rules; with ``warmup`` too (the
+    warm-up step's events, `replay`'s ``warmup``), it is the peak of the step after the
+    warm-up, from the segments the warm-up left, as a step measured after a warm-up
+    step. Without ``events``, it is `approximate_reserved` of the estimate's ``total``.
+    With ``workspace`` the cuBLAS workspace (`cublas_workspace_bytes`) is added to the
+    ``workspace`` category (and, in a replay, allocated before the first event, as the
+    first matmul would: the warm-up's first when there is one). ``context`` comes from
+    ``context_bytes`` when given, else `cuda_context_bytes`.
 
     Args:
         estimate: An estimate made for ``device="cuda"``.
         gpu: Catalog name or `GPU` record: its compute capability picks the cuBLAS
             workspace size.
         events: ``(key, nbytes)`` allocations and ``(key,)`` frees, in order.
+        warmup: The warm-up's events, replayed before ``events`` (see `replay`); only
+            with ``events``.
         context_bytes: Override of the CUDA context size (bytes or a string like
             ``"400MB"``), or ``"measure"`` to measure it on this machine's GPU
             (`measure_cuda_context`).
@@ -251,6 +257,11 @@ def to_device(
         where = "unknown GPU" if capability is None else f"compute capability {capability}"
         notes.append(f"cuBLAS workspace {format_bytes(extra)} added to workspace ({where})")
     total = estimate.total + extra
+    if events is None and warmup is not None:
+        raise ValueError(
+            "warmup= was given without events=; pass the step's events too (a trace's "
+            "events and warmup_events), or neither for the approximation"
+        )
     if events is None:
         reserved = approximate_reserved(total, fragmentation=fragmentation)
         notes.append(
@@ -260,12 +271,14 @@ def to_device(
         )
     else:
         trace = list(events)
+        warm = None if warmup is None else list(warmup)
         if extra:
-            trace.insert(0, (_WORKSPACE_KEY, extra))
-        stats = replay(trace)
+            (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, extra))
+        stats = replay(trace, warmup=warm)
         reserved = stats.peak_reserved
+        after = "" if warm is None else f", after {len(warm)} of the warm-up step's"
         notes.append(
-            f"reserved replayed exactly from {len(trace)} allocator events "
+            f"reserved replayed exactly from {len(trace)} allocator events{after} "
             f"(peak allocated {format_bytes(stats.peak_allocated)})"
         )
         missing = total - stats.peak_allocated

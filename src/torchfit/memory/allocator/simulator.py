@@ -2,8 +2,10 @@
 
 A trace is the ordered list of allocations and frees of a step: the `Event` list that
 `torchfit.memory.trace_events` records (``Trace.events``, taken as it is), or plain
-tuples. `replay` runs it through a fresh `CachingAllocator` and returns its counters:
-this is how an exact allocation sequence becomes ``max_memory_reserved``.
+tuples. `replay` runs it through a fresh `CachingAllocator`, after the warm-up's
+events when given (``Trace.warmup_events``: the step then starts from the segments and
+holes the warm-up left, as a measured step does), and returns its counters: this is how
+an exact allocation sequence becomes ``max_memory_reserved``.
 """
 
 from __future__ import annotations
@@ -18,35 +20,78 @@ from torchfit.memory.allocator.rules import AllocatorStats
 __all__ = ["CachingAllocator", "replay"]
 
 
-def _parse(index: int, event: object) -> tuple[object, int | None]:
+def _parse(where: str, index: int, event: object) -> tuple[object, int | None]:
     """``(key, nbytes)`` of an event; ``nbytes`` is ``None`` for a free."""
     if isinstance(event, Event):
         if event.kind not in ("alloc", "free"):
-            raise ValueError(f"events[{index}] is {event!r}; an Event's kind is 'alloc' or 'free'")
-        return event.id, _bytes(index, event.nbytes) if event.kind == "alloc" else None
+            raise ValueError(f"{where}[{index}] is {event!r}; an Event's kind is 'alloc' or 'free'")
+        return event.id, _bytes(where, index, event.nbytes) if event.kind == "alloc" else None
     if not isinstance(event, Sequence) or isinstance(event, str) or len(event) not in (1, 2):
         raise ValueError(
-            f"events[{index}] is {event!r}; expected an Event, (key, nbytes) to allocate or "
+            f"{where}[{index}] is {event!r}; expected an Event, (key, nbytes) to allocate or "
             "(key,) / (key, None) to free"
         )
     nbytes = event[1] if len(event) == 2 else None  # (key, nbytes) or (key, None)
-    return event[0], None if nbytes is None else _bytes(index, nbytes)
+    return event[0], None if nbytes is None else _bytes(where, index, nbytes)
 
 
 _BYTES = checks.whole()
 
 
-def _bytes(index: int, nbytes: object) -> int:
+def _bytes(where: str, index: int, nbytes: object) -> int:
     """An allocation's size, or the error that names the event."""
     if type(nbytes) is int and nbytes >= 0:  # once per event: the common case kept cheap
         return nbytes
-    return int(_BYTES(f"events[{index}] nbytes", nbytes))
+    return int(_BYTES(f"{where}[{index}] nbytes", nbytes))
+
+
+class _Run:
+    """A `CachingAllocator` driven by keyed events: the live keys and their handles."""
+
+    def __init__(self, allocator: CachingAllocator) -> None:
+        self.allocator = allocator
+        self.live: dict[object, tuple[int, int]] = {}  # key -> (handle, nbytes)
+        self.inherited: dict[object, int] = {}  # live from the warm-up, not yet re-stated
+
+    def feed(self, events: Iterable[Event | Sequence[object]], where: str) -> None:
+        allocator, live, inherited = self.allocator, self.live, self.inherited
+        for index, event in enumerate(events):
+            key, nbytes = _parse(where, index, event)
+            if nbytes is None:
+                if key not in live:
+                    raise ValueError(
+                        f"{where}[{index}] frees {key!r}, which is not allocated; every free "
+                        "needs an earlier (key, nbytes) allocation in the same trace"
+                    )
+                inherited.pop(key, None)
+                allocator.free(live.pop(key)[0])
+                continue
+            if key in inherited:  # the step starts with it: allocated in the warm-up
+                if inherited.pop(key) != nbytes:
+                    raise ValueError(
+                        f"{where}[{index}] allocates {key!r} with {nbytes} bytes, but the "
+                        f"warm-up left it allocated with {live[key][1]}; a key the step "
+                        "starts with must keep its size (or be freed in the warm-up)"
+                    )
+                continue
+            if key in live:
+                raise ValueError(
+                    f"{where}[{index}] allocates {key!r}, which is still allocated; free it "
+                    "first or use a fresh key"
+                )
+            live[key] = (allocator.malloc(nbytes), nbytes)
+
+    def end_warmup(self) -> None:
+        """Peaks restart here; what is live may be allocated again by the step: done already."""
+        self.allocator.reset_peak_stats()
+        self.inherited = {key: nbytes for key, (_, nbytes) in self.live.items()}
 
 
 @checks.arguments(capacity=checks.whole(at_least=1))
 def replay(
     events: Iterable[Event | Sequence[object]],
     *,
+    warmup: Iterable[Event | Sequence[object]] | None = None,
     capacity: int | None = None,
     max_split_size: int | None = None,
     roundup_power2_divisions: int = 0,
@@ -54,7 +99,11 @@ def replay(
     """Run a sequence of allocations and frees through a fresh `CachingAllocator`.
 
     This is how an exact allocation trace (e.g. the storage allocations recorded by the
-    fake-tensor tracer, in order) becomes ``max_memory_reserved``.
+    fake-tensor tracer, in order) becomes ``max_memory_reserved``. With ``warmup``, the
+    warm-up's events run first and the peaks are reset after them, as a user measures
+    a step after a warm-up step (``torch.cuda.reset_peak_memory_stats()``): the step
+    starts with the segments the warm-up reserved and the holes it left in them
+    (reserved memory never goes down by itself), not from an empty allocator.
 
     Args:
         events: In order, either `Event` tuples (``Event("alloc", id, nbytes)`` and
@@ -62,15 +111,22 @@ def replay(
             ``(key, nbytes)`` to allocate ``nbytes`` under ``key`` (any hashable id, e.g.
             a storage id) and ``(key,)`` or ``(key, None)`` to free it. A key may be
             reused once freed; an `Event`'s key is its ``id``.
+        warmup: Events in the same form, run before ``events`` (``Trace.warmup_events``).
+            A key still allocated after them is the same storage when ``events``
+            allocates it (a step's trace starts by allocating what it starts with:
+            weights, optimizer state, inputs): that allocation is already done, and
+            must have the same size.
         capacity: See `CachingAllocator`.
         max_split_size: See `CachingAllocator`.
         roundup_power2_divisions: See `round_request`.
 
     Returns:
-        The allocator's `AllocatorStats` after the last event (peaks over the whole run).
+        The allocator's `AllocatorStats` after the last event; the peaks are over
+        ``events`` (from the state the warm-up left, when there is one).
 
     Raises:
-        ValueError: An event is malformed, allocates a live key, or frees an unknown key.
+        ValueError: An event is malformed, allocates a live key, frees an unknown key, or
+            allocates a key live from the warm-up with another size.
         TypeError: An allocation's size is not an int.
         torch.OutOfMemoryError: The trace does not fit in ``capacity``.
 
@@ -83,27 +139,24 @@ def replay(
         >>> trace += [Event("free", 0, 3 * MiB), Event("alloc", 2, 16 * MiB)]
         >>> replay(trace) == s
         True
+
+        A warm-up that held 40 MiB at once leaves that segment reserved; the step (which
+        starts with ``"w"``, already allocated) places its 24 MiB in it:
+
+        >>> step = [("w", 8 * MiB), ("x", 24 * MiB)]
+        >>> warm = [("w", 8 * MiB), ("t", 40 * MiB), ("t",)]
+        >>> replay(step, warmup=warm).peak_reserved // MiB, replay(step).peak_reserved // MiB
+        (60, 44)
     """
-    allocator = CachingAllocator(
-        capacity=capacity,
-        max_split_size=max_split_size,
-        roundup_power2_divisions=roundup_power2_divisions,
+    run = _Run(
+        CachingAllocator(
+            capacity=capacity,
+            max_split_size=max_split_size,
+            roundup_power2_divisions=roundup_power2_divisions,
+        )
     )
-    handles: dict[object, int] = {}
-    for index, event in enumerate(events):
-        key, nbytes = _parse(index, event)
-        if nbytes is None:
-            if key not in handles:
-                raise ValueError(
-                    f"events[{index}] frees {key!r}, which is not allocated; every free needs "
-                    "an earlier (key, nbytes) allocation in the same trace"
-                )
-            allocator.free(handles.pop(key))
-            continue
-        if key in handles:
-            raise ValueError(
-                f"events[{index}] allocates {key!r}, which is still allocated; free it first "
-                "or use a fresh key"
-            )
-        handles[key] = allocator.malloc(nbytes)
-    return allocator.stats()
+    if warmup is not None:
+        run.feed(warmup, "warmup")
+        run.end_warmup()
+    run.feed(events, "events")
+    return run.allocator.stats()

@@ -54,6 +54,12 @@ class Trace:
     immediately followed by its ``free``. Storages still alive at the end have no
     ``free``.
 
+    ``warmup_events`` are the warm-up step's events in the same form, from the storages
+    alive before it (weights, inputs) to the step's start: a storage the step starts
+    with keeps its id, and what the step does not start with is freed at their end.
+    `torchfit.memory.allocator.replay` takes them as ``warmup``: the step then runs in
+    the segments the warm-up left, as a step measured after a warm-up does.
+
     Attributes:
         estimate: The `MemoryEstimate` at the peak.
         events: Allocation and free events, in order.
@@ -63,6 +69,7 @@ class Trace:
             (``-1`` when nothing was allocated).
         ops: ATen ops traced in the measured step.
         device: The target device (``"cpu"`` or ``"cuda"``).
+        warmup_events: The warm-up steps' events, in order (empty without warm-up).
     """
 
     estimate: MemoryEstimate
@@ -72,6 +79,7 @@ class Trace:
     peak_index: int
     ops: int
     device: str
+    warmup_events: tuple[Event, ...] = ()
 
     def __str__(self) -> str:
         """The estimate, then the modules holding the most bytes at the peak."""
@@ -93,6 +101,7 @@ class Trace:
             "peak_index": self.peak_index,
             "ops": self.ops,
             "device": self.device,
+            "warmup_events": [list(event) for event in self.warmup_events],
         }
 
 
@@ -175,4 +184,5 @@ def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[
         peak_index=tracker.peak_index,
         ops=tracker.ops,
         device=device,
+        warmup_events=tuple(tracker.warmup_events),
     )

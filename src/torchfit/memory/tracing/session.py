@@ -167,7 +167,12 @@ def _step_context(session: Session, sdpa: FusedSdpa | None) -> Iterator[None]:
 
 
 def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
-    """Warm-up steps, then the recorded step; returns the leftover bytes ignored."""
+    """Warm-up steps, then the measured step, both recorded; returns the leftover bytes ignored.
+
+    The warm-up is recorded from the weights and inputs alone (what a run starts with
+    after loading), so that its events (`Tracker.warmup_events`) replay into the
+    allocator state the measured step starts from.
+    """
     tracker = session.tracker
 
     def one_step() -> None:
@@ -182,6 +187,8 @@ def _execute(session: Session, sdpa: FusedSdpa | None) -> int:
             tracker,
             _progress(session),
         ):
+            if session.warmup:  # recorded too, from what a run starts with after loading
+                tracker.start(session.baseline())
             for _ in range(session.warmup):
                 tracker.phase = "forward"
                 one_step()

@@ -278,8 +278,10 @@ def trace(
         device: The device to predict: ``"cpu"`` (exact CPU allocator bytes plus
             measured kernel-scratch rules) or ``"cuda"`` (512-byte blocks, fused SDPA,
             ``foreach`` optimizers; see the notes), with ``reserved`` from replaying the
-            allocation sequence through the caching-allocator model, the CUDA context and
-            the cuBLAS workspace (`torchfit.memory.allocator.to_device`).
+            allocation sequence through the caching-allocator model (the warm-up's, then
+            the step's: ``max_memory_reserved`` of a step measured after a warm-up step),
+            the CUDA context and the cuBLAS workspace
+            (`torchfit.memory.allocator.to_device`).
         progress: Show a tqdm progress bar (needs tqdm).
         gpu: With ``device="cuda"``: the card (name or `GPU`), for its CUDA context and
             cuBLAS workspace; ``None``: the defaults for an unknown card.
@@ -334,12 +336,15 @@ def trace(
         return result.estimate
     from torchfit.memory.allocator import to_device  # noqa: PLC0415 - light, but only for CUDA
 
-    # the exact allocation sequence gives the allocator's reserved bytes by replay;
-    # to_device also adds the cuBLAS workspace the tracer leaves out
+    # the exact allocation sequence gives the allocator's reserved bytes by replay, the
+    # step's after the warm-up's (reserved as measured after a warm-up step); to_device
+    # also adds the cuBLAS workspace the tracer leaves out
     estimate = result.estimate.replace(
         notes=tuple(n for n in result.estimate.notes if "workspaces are not in" not in n)
     )
-    return to_device(estimate, gpu=gpu, events=result.allocator_events())
+    return to_device(
+        estimate, gpu=gpu, events=result.allocator_events(), warmup=result.warmup_events
+    )
 
 
 def _check_no_quantized_parameters(model: nn.Module) -> None:

@@ -88,6 +88,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.workspace = workspace
         self.records: dict[int, StorageRecord] = {}  # by allocation id
         self.tags: list[tuple[int, int, str]] = []  # (event index, storage id, category)
+        self.warmup_events: list[Event] = []  # recorded before the last `start`
         # id -> (raw bytes, category at allocation, module, phase, op), while recording
         self.history: dict[int, tuple[int, str, str, str, str]] = {}
         self.peak_where = ""
@@ -201,6 +202,11 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 states, optimizer state, inputs); the first category given for a storage
                 wins.
 
+        When recording already (the warm-up was recorded from its own `start`), the
+        events so far become `warmup_events`, ending with a ``free`` of each storage
+        ignored from now on: replayed, they leave what the step starts with, under the
+        ids the step's events give it.
+
         Returns:
             Bytes of other storages still alive from the warm-up, now ignored (a
             measurement does not count them either).
@@ -215,7 +221,9 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if found is not None:
                 found[1].category, found[1].module = category, label
                 keep[key] = found
+        before = self.events if self.recording else []
         dropped = self.ledger.restart(entry for entry, _ in keep.values())
+        self.warmup_events = before
         self.records = {record.id: record for _, record in keep.values()}
         self.tags, self.history = [], {}
         for entry in self.ledger.entries():
