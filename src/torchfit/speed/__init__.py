@@ -1,0 +1,11 @@
+"""How long and how much: step time, throughput and cost on each card, before the run.
+
+`step_time` records one step kernel by kernel on fake tensors and times each kernel on
+a card's roofline with efficiencies from published measurements; `compare_gpus` does
+it for several cards with what fits (`torchfit.memory`) and what a token budget costs.
+"""
+
+from torchfit.speed.result import KindTime, StepTime
+from torchfit.speed.timing import step_time
+
+__all__ = ["KindTime", "StepTime", "step_time"]
