@@ -47,6 +47,9 @@ class Built:
         tokens: Tokens per sample (language models), else None.
         config: The transformers config, or None for a plain module.
         name: What to call the model in tables.
+        causal: For a transformers language model: whether its attention is causal
+            (a decoder) or not (an encoder); None for other models. The batch has no
+            padding, so the mask transformers builds is only this.
     """
 
     module: nn.Module
@@ -55,6 +58,7 @@ class Built:
     tokens: int | None
     config: Any
     name: str
+    causal: bool | None = None
 
 
 def _name(model: Any, config: Any, module: nn.Module | None) -> str:
@@ -142,7 +146,8 @@ def build_step_model(
             module.gradient_checkpointing_enable()  # type: ignore[operator]
         ids = torch.zeros(batch_size, seq, dtype=torch.long, device="meta")
         inputs: Any = {"input_ids": ids, "labels": ids} if train else {"input_ids": ids}
-        return Built(module, inputs, None, seq, config, _name(model, config, None))
+        causal = getattr(config, "model_type", "") not in _ENCODERS
+        return Built(module, inputs, None, seq, config, _name(model, config, None), causal)
     module, shape, name = _image_model(
         model, config, resolved, dtype=dtype, input_shape=input_shape, checkpointing=checkpointing
     )

@@ -23,7 +23,6 @@ metadata queries launch no kernel and are skipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,7 +136,10 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         self.phase = Phase.FORWARD
         self.ops: list[Op] = []
-        self.extra: list[Callable[[OpRecorder], None]] = []
+        # A language model's own mask (no padding in the batch) is causal or nothing:
+        # transformers then calls SDPA with is_causal=True or no mask on CUDA, where it
+        # can check the batch has no padding; on fake tensors it builds the mask instead.
+        self.own_masks: bool | None = None
 
     def add(self, op: Op) -> None:
         """Record an op that is not an ATen call (a closed-form kernel)."""
@@ -227,12 +229,13 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         causal = _causal(name, args, kwargs, backward=backward)
         batch, heads, seq_q, head_dim = query.shape
         seq_k = key.shape[-2]
+        masked = kwargs.get("attn_mask") is not None
+        if self.own_masks is not None and masked:
+            masked = False
+            causal = self.own_masks and seq_q == seq_k
         flops = attention_flops(batch, heads, seq_q, seq_k, head_dim, causal=causal)
         if backward:
             flops *= BACKWARD_ATTENTION_RATIO
-        masked = kwargs.get("attn_mask") is not None or (
-            "efficient" in name and len(args) > 3 and args[3] is not None and not backward
-        )
         dtype = dtype_name(query.dtype)
         # CUDA's SDPA picks FlashAttention-2 for 16-bit inputs without a mask, else the
         # memory-efficient kernel (sdp_utils.cpp's priority order; fp32 is not flash's)

@@ -51,7 +51,9 @@ def _torch_dtype(dtype: DType) -> torch.dtype:
     return getattr(torch, _TORCH_DTYPES[dtype.value])  # type: ignore[no-any-return]
 
 
-def _lora_config(lora: Any, rank: int | None, targets: Any, dropout: float | None) -> Any:
+def _lora_config(
+    lora: Any, rank: int | None, targets: Any, dropout: float | None, config: Any
+) -> Any:
     if lora is not None:
         return lora
     import peft  # noqa: PLC0415 - optional: only LoRA timing needs it
@@ -61,6 +63,8 @@ def _lora_config(lora: Any, rank: int | None, targets: Any, dropout: float | Non
         target_modules=targets,
         lora_dropout=dropout or 0.0,
         task_type="CAUSAL_LM",
+        # GPT-2's Conv1D stores its weight transposed; PEFT wants to be told
+        fan_in_fan_out=getattr(config, "model_type", "") == "gpt2",
     )
 
 
@@ -215,7 +219,7 @@ def step_time(
     )
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     if wants_lora or (weights.is_quantized and train):
-        add_lora(built, _lora_config(lora, lora_rank, lora_targets, lora_dropout))
+        add_lora(built, _lora_config(lora, lora_rank, lora_targets, lora_dropout, built.config))
     opt = parse_optimizer(optimizer) if train and optimizer is not None else None
     work = record_workload(
         built,

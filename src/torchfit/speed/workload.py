@@ -84,11 +84,12 @@ def add_lora(built: Built, lora: Any) -> None:
     built.module = peft.get_peft_model(built.module, lora)
 
 
-def _quantized_linears(module: nn.Module) -> list[nn.Linear]:
-    """The Linears bitsandbytes quantizes: every block Linear, not adapters or the head."""
-    found = []
+def _quantized_linears(module: nn.Module) -> list[nn.Module]:
+    """The Linears bitsandbytes quantizes: block Linears and GPT-2's Conv1D, not the head."""
+    found: list[nn.Module] = []
     for name, sub in module.named_modules():
-        if not isinstance(sub, nn.Linear) or "lora_" in name:
+        linear = isinstance(sub, nn.Linear) or type(sub).__name__ == "Conv1D"
+        if not linear or "lora_" in name:
             continue
         if any(name.endswith(head) or f"{head}.base_layer" in name for head in _HEADS):
             continue
@@ -100,7 +101,7 @@ def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> l
     per_weight = _DEQUANT_BYTES[weights]
     handles = []
     for linear in _quantized_linears(module):
-        moved = float(linear.weight.numel() * per_weight)
+        moved = float(linear.weight.numel() * per_weight)  # type: ignore[operator]
 
         def dequantize(*_: Any, moved: float = moved) -> None:
             recorder.add(Op("dequantize", OpKind.DEQUANT, recorder.phase, 0.0, moved, "bf16"))
@@ -122,6 +123,7 @@ def _run(
     module, inputs = copy_to_fake((built.module, built.inputs), fake_mode)
     module.train(train)
     recorder = OpRecorder()
+    recorder.own_masks = built.causal
     handles = _dequant_hooks(module, recorder, weights) if weights.is_quantized else []
     try:
         with fake_mode, recorder:
