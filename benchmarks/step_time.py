@@ -8,7 +8,6 @@ prints predicted against real with the median and worst error. The constants of
 them, nothing here is fitted to them.
 
     python benchmarks/step_time.py
-    python benchmarks/step_time.py --published     # the published-throughput table too
 
 Vision cases build torchvision's models; without torchvision they are listed as skipped.
 """
@@ -154,14 +153,8 @@ def h200_table() -> list[float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--published", action="store_true")
-    args = parser.parse_args()
+    argparse.ArgumentParser(description=__doc__).parse_args()
     h200_table()
-    if args.published:
-        from published_speed import published_table  # noqa: PLC0415
-
-        published_table()
     return 0
 
 
