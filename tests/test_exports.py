@@ -20,6 +20,7 @@ PUBLIC_PACKAGES = [
     "torchfit.loaders",
     "torchfit.precision",
     "torchfit.quantize",
+    "torchfit.speed",
 ]
 
 SRC = pathlib.Path(torchfit.__file__).parent

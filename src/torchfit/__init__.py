@@ -4,7 +4,7 @@ Importing torchfit loads only torch and numpy; transformers, accelerate, bitsand
 and matplotlib load when a function that needs them is called.
 """
 
-from torchfit import loaders, memory, precision, quantize
+from torchfit import loaders, memory, precision, quantize, speed
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.loaders import diagnose, tune_loader, tuned_loader
 from torchfit.memory import (
@@ -18,6 +18,7 @@ from torchfit.memory import (
 )
 from torchfit.memory.plan import Plan, fits
 from torchfit.precision import MixedPrecision, find_nonfinite
+from torchfit.speed import compare_gpus, step_time
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "MixedPrecision",
     "Plan",
     "__version__",
+    "compare_gpus",
     "diagnose",
     "estimate",
     "find_batch_size",
@@ -48,6 +50,8 @@ __all__ = [
     "precision",
     "quantize",
     "simulate_gpu",
+    "speed",
+    "step_time",
     "tune_loader",
     "tuned_loader",
 ]

@@ -1,0 +1,162 @@
+"""torchfit.speed's step times beside real ones: this project's H200 runs.
+
+Reads the step times `gpu_check.py` measured (``benchmarks/gpu_runs/h200-b.jsonl``: each
+record's recipe beside ``step_median_s``; ``h200-a-times.jsonl`` with the recipes of
+``h200-a.jsonl``), predicts each case with `torchfit.speed.step_time` for an H200, and
+prints predicted against real with the median and worst error. The constants of
+`torchfit.speed` come from published measurements (docs/speed.md); these runs check
+them, nothing here is fitted to them.
+
+    python benchmarks/step_time.py
+
+Vision cases build torchvision's models; without torchvision they are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+import transformers
+
+from torchfit.speed import step_time
+
+RUNS = Path(__file__).parent / "gpu_runs"
+GPU = "H200"
+transformers.logging.set_verbosity_error()
+warnings.filterwarnings("ignore")
+
+
+def _load_torchvision() -> bool:
+    """Import torchvision for its model builders; a build whose C ops do not load still works.
+
+    A torchvision wheel built for a CUDA torch cannot load its custom ops on a CPU-only
+    torch; its fake-kernel registrations then fail at import. The models need none of it.
+    """
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import torchvision  # noqa: PLC0415
+    except RuntimeError:
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("stub")
+        import torchvision  # noqa: F401, PLC0415
+    return True
+
+
+def _config(rec: dict[str, Any]) -> Any:
+    if rec.get("config"):
+        return transformers.AutoConfig.for_model(**rec["config"])
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gpu_check import CONFIGS  # noqa: PLC0415 - the harness's model table
+
+    extra = {"gpt2-eager": ("GPT2Config", {"attn_implementation": "eager"})}
+    cls, kwargs = {**CONFIGS, **extra}[rec["model"]]
+    return getattr(transformers, cls)(**kwargs)
+
+
+def _precision(rec: dict[str, Any]) -> str:
+    if "precision" in rec and rec["precision"] in {
+        "32-true",
+        "bf16-true",
+        "bf16-mixed",
+        "16-mixed",
+    }:
+        return str(rec["precision"])
+    if rec.get("autocast"):
+        return {"bf16": "bf16-mixed", "fp16": "16-mixed"}[rec["autocast"]]
+    return {"fp32": "32-true", "bf16": "bf16-true"}[rec.get("weights", "fp32")]
+
+
+def step_kwargs(rec: dict[str, Any]) -> dict[str, Any]:
+    """The recorded recipe in `step_time`'s words (the mapping `gpu_report.py` uses)."""
+    kw: dict[str, Any] = {"batch_size": rec["batch"]}
+    vision = rec.get("task") == "vision" or rec["model"].startswith("torchvision/")
+    if vision:
+        kw["input_shape"] = (3, 224, 224)
+    else:
+        kw["seq_len"] = rec["seq"]
+    if rec["kind"] in {"forward", "generate"}:
+        kw.update(mode="inference", dtype="bf16")
+        if rec["kind"] == "generate":
+            kw["max_new_tokens"] = rec["new_tokens"]
+        return kw
+    optimizer = rec.get("optimizer", "adamw")
+    kw["optimizer"] = {"adamw-fused": "adamw", "adamw-loop": "adamw"}.get(optimizer, optimizer)
+    kw["optimizer_implementation"] = {"adamw-fused": "fused", "adamw-loop": "loop"}.get(
+        optimizer, "foreach"
+    )
+    kw["gradient_checkpointing"] = bool(rec.get("gradient_checkpointing"))
+    if rec.get("qlora") or rec.get("prepare_model_for_kbit_training"):
+        kw.update(dtype="nf4", precision="bf16-mixed", gradient_checkpointing=True)
+        kw.update(lora_rank=16, lora_targets="all-linear", lora_dropout=0.05)
+    elif rec.get("lora"):
+        kw.update(lora_rank=16, lora_targets="all-linear", lora_dropout=0.05)
+        kw.update(precision=_precision(rec), base_dtype=rec.get("weights", "fp32"))
+    else:
+        kw["precision"] = _precision(rec)
+    if not vision and rec.get("attn") == "eager":
+        kw["attn_implementation"] = "eager"
+    return kw
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every timed record of this project's H200 runs, with its real seconds."""
+    found = []
+    for raw in map(json.loads, (RUNS / "h200-b.jsonl").read_text().splitlines()):
+        real = raw.get("step_median_s") or raw.get("generate_s")
+        if real and raw.get("kind") in {"train", "forward", "generate"}:
+            found.append({**raw, "real_s": real})
+    recipes = {
+        r["case"]: r for r in map(json.loads, (RUNS / "h200-a.jsonl").read_text().splitlines())
+    }
+    timed = map(json.loads, (RUNS / "h200-a-times.jsonl").read_text().splitlines())
+    found.extend(
+        {**recipes.get(raw["case"], {}), **raw, "real_s": raw["step_median_s"]}
+        for raw in timed
+        if "step_median_s" in raw
+    )
+    return found
+
+
+def h200_table() -> list[float]:
+    vision = _load_torchvision()
+    errors: list[float] = []
+    print("| case | real s | predicted s | error |\n|---|---|---|---|")
+    for rec in cases():
+        name = rec["case"]
+        if rec["model"].startswith("torchvision/") and not vision:
+            print(f"| {name} | {rec['real_s']:.4f} | skipped: no torchvision | |")
+            continue
+        model = rec["model"] if rec["model"].startswith("torchvision/") else _config(rec)
+        predicted = step_time(model, GPU, **step_kwargs(rec)).seconds
+        error = predicted / rec["real_s"] - 1
+        if rec["kind"] != "generate":
+            errors.append(error)
+        print(f"| {name} | {rec['real_s']:.4f} | {predicted:.4f} | {error:+.1%} |")
+    if errors:
+        worst = max(errors, key=abs)
+        print(
+            f"\n{len(errors)} steps (generate listed, not counted: its host loop is not "
+            f"modelled): median |error| {statistics.median(abs(e) for e in errors):.1%}, "
+            f"worst {worst:+.1%}"
+        )
+    return errors
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    h200_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

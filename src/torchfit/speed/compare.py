@@ -1,0 +1,191 @@
+"""`compare_gpus`: the same step on several cards: does it fit, how fast, what it costs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchfit._core import checks
+from torchfit.memory.batch import max_batch_size
+from torchfit.memory.estimator import estimate
+from torchfit.memory.gpus import GPU, gpu
+from torchfit.speed.result import StepTime
+from torchfit.speed.timing import step_time
+
+__all__ = ["CardRow", "Comparison", "compare_gpus"]
+
+#: `step_time` keywords `torchfit.memory.estimate` takes under the same name.
+_MEMORY_KEYS = (
+    "seq_len",
+    "input_shape",
+    "dtype",
+    "precision",
+    "mode",
+    "optimizer",
+    "gradient_checkpointing",
+    "attn_implementation",
+    "gradient_accumulation_steps",
+    "lora",
+    "lora_rank",
+    "lora_targets",
+    "lora_dropout",
+    "base_dtype",
+    "max_new_tokens",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CardRow:
+    """One card of a comparison.
+
+    Attributes:
+        gpu: The card's name.
+        fits: The step at ``batch_size`` fits in the card's memory (`torchfit.memory`).
+        peak_bytes: The predicted device total at ``batch_size``.
+        max_batch: The largest batch that fits (0: none).
+        batch_size: The batch timed: the one asked for, else ``max_batch``.
+        time: The step's `StepTime` at ``batch_size`` (None when nothing fits).
+        hours: Hours for the comparison's budget (None without a budget or a fit).
+        cost: What those hours cost at the card's price (None without a price).
+    """
+
+    gpu: str
+    fits: bool
+    peak_bytes: int
+    max_batch: int
+    batch_size: int
+    time: StepTime | None
+    hours: float | None
+    cost: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Several cards for one step: a table (`__str__`), `to_dict`, `plot`.
+
+    Attributes:
+        model: The model's name.
+        rows: One `CardRow` per card, in the order given.
+        budget: What ``hours`` and ``cost`` are for, e.g. ``"1e+09 tokens"`` (or "").
+    """
+
+    model: str
+    rows: tuple[CardRow, ...]
+    budget: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as JSON-ready values."""
+        rows = []
+        for row in self.rows:
+            data = dataclasses.asdict(row)
+            data["time"] = None if row.time is None else row.time.to_dict()
+            rows.append(data)
+        return {"model": self.model, "budget": self.budget, "rows": rows}
+
+    def __str__(self) -> str:
+        """One line per card: fits, largest batch, step time, throughput, hours, cost."""
+        head = f"{self.model}: {self.budget}" if self.budget else self.model
+        lines = [
+            head,
+            (
+                f"  {'card':<30} {'fits':<5} {'max b':>6} {'batch':>6} {'step ms':>9} "
+                f"{'per s':>12} {'MFU':>5} {'hours':>9} {'cost':>9}"
+            ),
+        ]
+        for row in self.rows:
+            if row.time is None:
+                lines.append(f"  {row.gpu:<30} {'no':<5} {row.max_batch:>6}")
+                continue
+            rate = row.time.tokens_per_s or row.time.samples_per_s
+            unit = "tok" if row.time.tokens_per_s is not None else "smp"
+            hours = "" if row.hours is None else f"{row.hours:9.1f}"
+            cost = "" if row.cost is None else f"{row.cost:9.2f}"
+            lines.append(
+                f"  {row.gpu:<30} {'yes' if row.fits else 'no':<5} {row.max_batch:>6} "
+                f"{row.batch_size:>6} {row.time.seconds * 1e3:9.1f} {rate:>8,.0f} {unit} "
+                f"{row.time.mfu:5.0%} {hours:>9} {cost:>9}"
+            )
+        return "\n".join(lines)
+
+    def plot(self) -> Any:
+        """A bar chart of throughput per card (matplotlib; ``pip install 'torchfit[plot]'``)."""
+        from torchfit._core.imports import require  # noqa: PLC0415
+
+        plt = require("matplotlib.pyplot", feature="Comparison.plot")
+        fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(self.rows)))
+        timed = [row for row in self.rows if row.time is not None]
+        rates = [row.time.tokens_per_s or row.time.samples_per_s for row in timed]  # type: ignore[union-attr]
+        ax.barh([row.gpu for row in timed], rates)
+        ax.set_xlabel("tokens/s" if timed and timed[0].time.tokens else "samples/s")  # type: ignore[union-attr]
+        ax.set_title(self.model)
+        fig.tight_layout()
+        return fig
+
+
+@checks.arguments(tokens=checks.number(at_least=0), samples=checks.number(at_least=0))
+def compare_gpus(
+    model: Any,
+    gpus: Sequence[str | GPU],
+    *,
+    batch_size: int | None = None,
+    tokens: float | None = None,
+    samples: float | None = None,
+    price_per_hour: Mapping[str, float] | None = None,
+    **step: Any,
+) -> Comparison:
+    """Time one step on several cards, each at a batch that fits.
+
+    Args:
+        model: What `step_time` takes.
+        gpus: Card names or `torchfit.memory.GPU` objects.
+        batch_size: The batch to time on every card; None times each card at the largest
+            batch `torchfit.memory.max_batch_size` says fits.
+        tokens: A token budget (language models): hours and cost to process it.
+        samples: A sample budget, instead of ``tokens``.
+        price_per_hour: Price per card-hour by the names given in ``gpus``.
+        **step: `step_time`'s other keywords (``seq_len``, ``precision``, ...).
+
+    Returns:
+        A `Comparison`; print it for the table.
+
+    Raises:
+        ValueError: both budgets, a price for a card not compared, or a bad keyword.
+
+    Example:
+        >>> table = compare_gpus("gpt2", ["H100", "A100 80GB"], batch_size=8, seq_len=1024,
+        ...                      precision="bf16-mixed", tokens=1e9)
+        >>> [row.fits for row in table.rows], table.rows[0].hours < table.rows[1].hours
+        ([True, True], True)
+    """
+    if tokens is not None and samples is not None:
+        raise ValueError("give tokens= or samples= as the budget, not both")
+    prices = dict(price_per_hour or {})
+    names = [g if isinstance(g, str) else g.name for g in gpus]
+    unknown = sorted(set(prices) - set(names))
+    if unknown:
+        raise ValueError(f"price_per_hour names cards not compared: {unknown}; compared: {names}")
+    memory_kw = {k: v for k, v in step.items() if k in _MEMORY_KEYS}
+    rows = []
+    for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
+
+        def predict(b: int) -> Any:
+            return estimate(model, batch_size=b, **memory_kw)
+
+        largest = max_batch_size(predict, card)
+        chosen = batch_size or largest
+        peak = predict(max(chosen, 1)).device_total if chosen else 0
+        fits = chosen >= 1 and chosen <= largest
+        timed = step_time(model, card, batch_size=chosen, **step) if chosen else None
+        hours = cost = None
+        if timed is not None and (tokens is not None or samples is not None):
+            hours = (
+                timed.hours(tokens=tokens) if tokens is not None else timed.hours(samples=samples)
+            )
+            if name in prices:
+                cost = timed.cost(prices[name], tokens=tokens, samples=samples)
+        rows.append(CardRow(card.name, fits, int(peak), largest, chosen, timed, hours, cost))
+    budget = f"{tokens:.3g} tokens" if tokens is not None else ""
+    budget = f"{samples:.3g} samples" if samples is not None else budget
+    label = rows[0].time.model if rows and rows[0].time else str(model)
+    return Comparison(label, tuple(rows), budget)

@@ -1,0 +1,160 @@
+"""Efficiency by op kind and size, from published measurements (each cited where used).
+
+**Matmuls** take ``t = t0 + (tc^p + tm^p)^(1/p)``: ``tc`` the FLOPs at the card's
+best matmul rate (peak x `Peaks.mamf`), ``tm`` the operand bytes (A, B and C once) at
+``e_bw`` of the bandwidth, ``t0`` a fixed cost per kernel. ``t0``, ``p`` and ``e_bw``
+are fitted (least squares on log time) to the H100 SXM matmul timings OpenXLA
+publishes for its cost model (``xla/service/gpu/model/matmul_interpolator_data.h``,
+``sm_90`` entries: batch 1-4, m, n, k from 256 to 4096; 67 bf16 and 24 f32 shapes
+read), with the efficiency ceiling fixed to Bekman's MAMF for that card (80.3%):
+bf16 fits with a median error of 4.5% (worst 24%). XLA's "f32" dots run on TF32 tensor
+cores (above 67 TFLOP/s); those fit ``TF32`` with their own ceiling, 87%. PyTorch's
+fp32 matmuls run on CUDA cores: cuBLAS SGEMM reaches 60% of the fp32 peak at 4096³
+(23.3 of 38.7 TFLOP/s on an RTX A6000: S. Boehm, "How to Optimize a CUDA Matmul Kernel
+for cuBLAS-like Performance", 2022), taken with the bf16 fit's shape.
+
+**Fused attention** (SDPA's FlashAttention-2 kernel) follows the FA2 columns of the
+FlashAttention-3 paper's H100 SXM5 benchmarks (Shah et al. 2024, arXiv:2407.08608,
+Figures 5 and 6: forward causal and not, backward, head dimension 64 and 128, sequence
+512 to 16k), interpolated in log sequence length. Other architectures scale it by
+FlashAttention-2's share of peak on an A100 against an H100 (73% forward on A100,
+Dao 2023, arXiv:2307.08691; 35% on H100, FA3 paper): x1.95. The memory-efficient
+kernel (fp32, or a mask) runs at 0.6 of that: FA2 is 1.3-2x xformers' kernel in Dao
+2023's Figure 4-5 comparisons, taken at its low end.
+
+**Memory-bound kernels** stream at 83% of the datasheet bandwidth, what microbenchmarks
+reach on HBM (750 of 900 GB/s on a V100: Jia et al. 2018, "Dissecting the NVIDIA Volta
+GPU Architecture via Microbenchmarking", arXiv:1804.06826), plus 2 µs per kernel
+(an assumption: the launch-to-finish time of an empty kernel, not a published figure).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+__all__ = [
+    "ATTENTION_OTHER_ARCH",
+    "EFFICIENT_ATTENTION",
+    "MEMORY_EFFICIENCY",
+    "MEMORY_KERNEL_S",
+    "MatmulFit",
+    "attention_efficiency",
+    "matmul_fit",
+]
+
+MEMORY_EFFICIENCY = 0.83
+MEMORY_KERNEL_S = 2e-6
+ATTENTION_OTHER_ARCH = 0.73 / 0.374
+EFFICIENT_ATTENTION = 0.6
+
+
+class MatmulFit:
+    """The fitted matmul curve: ceiling share, bandwidth share, exponent, fixed time."""
+
+    def __init__(
+        self, ceiling: float | None, bandwidth: float, power: float, fixed_s: float
+    ) -> None:
+        """``ceiling`` None means the card's own MAMF."""
+        self.ceiling = ceiling
+        self.bandwidth = bandwidth
+        self.power = power
+        self.fixed_s = fixed_s
+
+    def seconds(
+        self, flops: float, moved: float, *, peak: float, bandwidth: float, mamf: float
+    ) -> float:
+        """Time of one matmul of ``flops`` FLOPs and ``moved`` operand bytes.
+
+        Example:
+            >>> fit = matmul_fit("bf16")
+            >>> h100 = {"peak": 989.5e12, "bandwidth": 3350e9, "mamf": 0.803}
+            >>> t = fit.seconds(2 * 4096**3, 3 * 2 * 4096**2, **h100)
+            >>> round(2 * 4096**3 / t / 1e12)  # XLA measured 783 TFLOP/s for this shape
+            767
+        """
+        compute = flops / (peak * (self.ceiling or mamf))
+        memory = moved / (bandwidth * self.bandwidth)
+        combined: float = (compute**self.power + memory**self.power) ** (1 / self.power)
+        return self.fixed_s + combined
+
+
+_FITS = {
+    "tensor": MatmulFit(None, 1.0, 3.0, 6.0e-6),  # bf16/fp16 on sm_90 (module notes)
+    "tf32": MatmulFit(0.87, 0.7, 1.5, 7.75e-6),  # XLA's f32 dots (TF32) on sm_90
+    "fp32": MatmulFit(0.60, 1.0, 3.0, 6.0e-6),  # SGEMM ceiling (Boehm), bf16's shape
+}
+
+
+def matmul_fit(math_kind: str) -> MatmulFit:
+    """The curve for ``"bf16"``/``"fp16"`` (tensor cores), ``"tf32"`` or ``"fp32"``.
+
+    Example:
+        >>> matmul_fit("tf32").ceiling
+        0.87
+    """
+    if math_kind in {"bf16", "fp16"}:
+        return _FITS["tensor"]
+    return _FITS[math_kind]
+
+
+_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+# TFLOP/s of FlashAttention-2 on an H100 SXM5 (FA3 paper, Figures 5-6), per sequence length.
+_FA2_H100: dict[tuple[str, bool, int], tuple[float, ...]] = {
+    ("forward", False, 64): (282, 306, 318, 321, 322, 324),
+    ("forward", False, 128): (309, 350, 362, 368, 370, 370),
+    ("forward", True, 64): (180, 229, 262, 284, 295, 299),
+    ("forward", True, 128): (191, 260, 298, 319, 333, 335),
+    ("backward", False, 64): (198, 238, 264, 279, 287, 291),
+    ("backward", False, 128): (214, 260, 291, 310, 318, 322),
+}
+_H100_BF16 = 989.5
+
+
+def _interpolate(values: tuple[float, ...], seq: int) -> float:
+    """Linear in log2(sequence) between the points, the end slopes carried beyond them."""
+    x = math.log2(max(seq, 16))
+    xs = [math.log2(s) for s in _SEQ]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    lo, hi = xs[i - 1], xs[i]
+    y = values[i - 1] + (values[i] - values[i - 1]) * (x - lo) / (hi - lo)
+    return max(y, 0.05 * values[0]) if x < xs[0] else min(y, values[-1]) if x > xs[-1] else y
+
+
+def _fa2(phase: str, *, causal: bool, head_dim: int, seq: int) -> float:
+    """FA2's H100 TFLOP/s for these settings (backward causal scaled as forward's)."""
+
+    def at(dim: int) -> float:
+        if phase == "backward" and causal:
+            base = _interpolate(_FA2_H100[("backward", False, dim)], seq)
+            ratio = _interpolate(_FA2_H100[("forward", True, dim)], seq) / _interpolate(
+                _FA2_H100[("forward", False, dim)], seq
+            )
+            return base * ratio
+        return _interpolate(_FA2_H100[(phase, causal, dim)], seq)
+
+    if head_dim <= 64:
+        return at(64) * float(min(1.0, head_dim / 64) ** 0.5)
+    if head_dim >= 128:
+        return at(128)
+    share = (head_dim - 64) / 64
+    return at(64) * (1 - share) + at(128) * share
+
+
+def attention_efficiency(
+    *, backward: bool, causal: bool, head_dim: int, seq: int, hopper: bool, backend: str
+) -> float:
+    """Share of the dense 16-bit peak fused attention reaches (module notes).
+
+    Example:
+        >>> round(attention_efficiency(backward=False, causal=False, head_dim=128,
+        ...       seq=4096, hopper=True, backend="flash"), 3)  # 368 of 989.5 TFLOP/s
+        0.372
+    """
+    share = _fa2("backward" if backward else "forward", causal=causal, head_dim=head_dim, seq=seq)
+    share /= _H100_BF16
+    if not hopper:
+        share = min(share * ATTENTION_OTHER_ARCH, 0.75)
+    if backend != "flash":
+        share *= EFFICIENT_ATTENTION
+    return share

@@ -1,0 +1,69 @@
+"""Seconds of one kernel on one card: the roofline with efficiency curves (`curves`).
+
+A matmul or convolution runs on the tensor cores of its dtype (an fp32 convolution on
+TF32 ones, as cuDNN does by default; an fp32 matmul on the CUDA cores, as cuBLAS does
+by default) at the fitted matmul curve; fused attention at FlashAttention-2's measured
+share of the peak for its sequence length, head size and mask; everything else streams
+its bytes at the achievable bandwidth. Every kernel costs at least a few microseconds.
+"""
+
+from __future__ import annotations
+
+from torchfit.speed.cards import Peaks
+from torchfit.speed.curves import (
+    MEMORY_EFFICIENCY,
+    MEMORY_KERNEL_S,
+    attention_efficiency,
+    matmul_fit,
+)
+from torchfit.speed.ops import Op, OpKind, Phase
+
+__all__ = ["kernel_seconds", "math_of"]
+
+
+def math_of(op: Op, card: Peaks) -> str:
+    """Which units run ``op``: ``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"fp32"``.
+
+    Example:
+        >>> from torchfit.memory import gpu
+        >>> from torchfit.speed.cards import peaks
+        >>> conv = Op("convolution", OpKind.CONV, Phase.FORWARD, 1.0, 1.0, "fp32", (1, 8, 8, 8))
+        >>> math_of(conv, peaks(gpu("A100 80GB"))), math_of(conv, peaks(gpu("V100 16GB")))
+        ('tf32', 'fp32')
+    """
+    if op.dtype in {"bf16", "fp16"}:
+        return op.dtype if op.dtype in card.tensor_tflops else "fp32"
+    if op.kind is OpKind.CONV and "tf32" in card.tensor_tflops:
+        return "tf32"
+    return "fp32"
+
+
+def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
+    """Seconds one call of ``op`` takes on ``card`` (module notes).
+
+    Example:
+        >>> from torchfit.memory import gpu
+        >>> from torchfit.speed.cards import peaks
+        >>> copy = Op("copy_", OpKind.MEMORY, Phase.FORWARD, 0.0, 4.8e9, "bf16")
+        >>> round(kernel_seconds(copy, peaks(gpu("H200")), hopper=True) * 1e3, 3)  # 4.8 GB
+        1.207
+    """
+    bandwidth = card.bandwidth_gb_s * 1e9
+    if op.kind in {OpKind.MATMUL, OpKind.CONV}:
+        kind = math_of(op, card)
+        peak = card.dense_peak(kind)
+        fit = matmul_fit(kind)
+        return fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=card.mamf)
+    if op.kind is OpKind.ATTENTION:
+        _, _, seq_q, seq_k, head_dim, causal = op.shape
+        share = attention_efficiency(
+            backward=op.phase is Phase.BACKWARD or op.name.endswith("_backward"),
+            causal=bool(causal),
+            head_dim=head_dim,
+            seq=max(seq_q, seq_k),
+            hopper=hopper,
+            backend=op.backend,
+        )
+        compute = op.flops / (card.dense_peak(math_of(op, card)) * share)
+        return max(compute, op.bytes / (bandwidth * MEMORY_EFFICIENCY)) + MEMORY_KERNEL_S
+    return op.bytes / (bandwidth * MEMORY_EFFICIENCY) + MEMORY_KERNEL_S

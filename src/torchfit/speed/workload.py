@@ -1,0 +1,227 @@
+"""One step as kernels: run it on fake tensors with an `OpRecorder`, add what is closed-form.
+
+`record_workload` builds the model (`torchfit.speed.build`), adds PEFT's adapters when
+LoRA is asked for, runs forward, loss and backward under the recorder (with CUDA's
+autocast lists and fused attention, as `torchfit.memory.trace` runs a CUDA-target
+step) and adds the kernels the fake step cannot show: the optimizer's
+(`torchfit.speed.optimizer`) and a 4-bit base's dequantization before every matmul
+that uses a quantized weight (bitsandbytes' ``dequantize_4bit`` in ``MatMul4Bit``'s
+forward and again in its backward; gradient checkpointing's recomputation repeats the
+forward's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchfit._core.imports import require
+from torchfit._core.step import OptimizerName, call_model, compute_loss
+from torchfit._core.units import DType
+from torchfit.memory.catalog.build import experts_on_fake_tensors
+from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
+from torchfit.memory.kernels.cuda import FusedSdpa
+from torchfit.memory.tracing.session import copy_to_fake, new_fake_mode
+from torchfit.speed.build import Built
+from torchfit.speed.ops import Op, OpKind, Phase, merge
+from torchfit.speed.optimizer import optimizer_ops
+from torchfit.speed.record import OpRecorder
+
+__all__ = ["Workload", "record_workload"]
+
+#: Bytes per weight a dequantization moves: the packed weight and its scales read, the
+#: 16-bit copy written. nf4/fp4: 0.5 + 2 + one absmax byte per 64 (double quantization
+#: stores them as uint8, plus a negligible second level); int8: 1 + 2 + a row scale.
+_DEQUANT_BYTES = {DType.NF4: 0.5 + 2.0 + 1 / 64, DType.FP4: 0.5 + 2.0 + 1 / 64, DType.INT8: 3.0}
+_HEADS = ("lm_head", "head", "classifier", "score", "cls.predictions.decoder")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The kernels of one optimizer step and what they process.
+
+    Attributes:
+        ops: Kernel rows (`Op`), merged.
+        samples: Samples per optimizer step (micro-batches included).
+        tokens: Tokens per optimizer step, for language models; None otherwise.
+        parameters: Parameters of the model (adapters included).
+        trainable: Parameters that train.
+        name: The model's name for tables.
+        notes: What was modelled and how.
+    """
+
+    ops: tuple[Op, ...]
+    samples: int
+    tokens: int | None
+    parameters: int
+    trainable: int
+    name: str
+    notes: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def _cuda_target(autocast: torch.dtype | None) -> Iterator[None]:
+    """Fused SDPA, CUDA's autocast lists and fake-friendly experts, as `trace` uses them."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FusedSdpa().installed())
+        stack.enter_context(cuda_autocast_on_cpu())
+        if "transformers" in sys.modules:
+            stack.enter_context(experts_on_fake_tensors())
+        if autocast is not None:
+            stack.enter_context(torch.autocast("cpu", dtype=autocast))
+        yield
+
+
+def add_lora(built: Built, lora: Any) -> None:
+    """Wrap ``built.module`` in PEFT's LoRA model for ``lora`` (a ``peft.LoraConfig``)."""
+    peft = require("peft", feature="timing LoRA adapters")
+    built.module = peft.get_peft_model(built.module, lora)
+
+
+def _quantized_linears(module: nn.Module) -> list[nn.Module]:
+    """The Linears bitsandbytes quantizes: block Linears and GPT-2's Conv1D, not the head."""
+    found: list[nn.Module] = []
+    for name, sub in module.named_modules():
+        linear = isinstance(sub, nn.Linear) or type(sub).__name__ == "Conv1D"
+        if not linear or "lora_" in name:
+            continue
+        if any(name.endswith(head) or f"{head}.base_layer" in name for head in _HEADS):
+            continue
+        found.append(sub)
+    return found
+
+
+def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> list[Any]:
+    per_weight = _DEQUANT_BYTES[weights]
+    handles = []
+    for linear in _quantized_linears(module):
+        moved = float(linear.weight.numel() * per_weight)  # type: ignore[operator]
+
+        def dequantize(*_: Any, moved: float = moved) -> None:
+            recorder.add(Op("dequantize", OpKind.DEQUANT, recorder.phase, 0.0, moved, "bf16"))
+
+        handles.append(linear.register_forward_pre_hook(dequantize))
+        handles.append(linear.register_full_backward_pre_hook(dequantize))
+    return handles
+
+
+def _run(
+    built: Built,
+    *,
+    train: bool,
+    autocast: torch.dtype | None,
+    weights: DType,
+    new_tokens: int | None,
+) -> tuple[list[Op], nn.Module]:
+    fake_mode = new_fake_mode()
+    module, inputs = copy_to_fake((built.module, built.inputs), fake_mode)
+    module.train(train)
+    recorder = OpRecorder()
+    recorder.own_masks = built.causal
+    handles = _dequant_hooks(module, recorder, weights) if weights.is_quantized else []
+    try:
+        with fake_mode, recorder:
+            if new_tokens:
+                _generate(module, inputs, recorder, autocast, new_tokens)
+            elif train:
+                with _cuda_target(autocast):
+                    loss = compute_loss(call_model(module, inputs), built.loss_fn)
+                recorder.phase = Phase.BACKWARD
+                with _cuda_target(None):
+                    loss.backward()  # type: ignore[no-untyped-call]
+            else:
+                with torch.no_grad(), _cuda_target(autocast):
+                    call_model(module, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorder.ops, module
+
+
+def _generate(
+    module: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    recorder: OpRecorder,
+    autocast: torch.dtype | None,
+    new_tokens: int,
+) -> None:
+    """Prefill, then the first and the last decoding step (the cost in between is linear)."""
+    ids = inputs["input_ids"]
+    batch, seq = ids.shape
+    with torch.no_grad(), _cuda_target(autocast):
+        out = module(input_ids=ids, use_cache=True, logits_to_keep=1)
+        first = len(recorder.ops)
+        step = ids[:, :1]
+        module(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+        decode_first = recorder.ops[first:]
+        del recorder.ops[first:]
+        if new_tokens > 1:
+            recorder.phase = Phase.FORWARD
+            longer = torch.zeros(batch, seq + new_tokens - 1, dtype=ids.dtype)
+            marker = len(recorder.ops)
+            cache = module(input_ids=longer, use_cache=True, logits_to_keep=1).past_key_values
+            del recorder.ops[marker:]
+            last = len(recorder.ops)
+            module(input_ids=step, past_key_values=cache, use_cache=True)
+            decode_last = recorder.ops[last:]
+            del recorder.ops[last:]
+        else:
+            decode_last = []
+    half = new_tokens // 2
+    recorder.ops += [op.times(new_tokens - half) for op in decode_first]
+    recorder.ops += [op.times(half) for op in decode_last]
+
+
+def record_workload(
+    built: Built,
+    *,
+    train: bool,
+    autocast: torch.dtype | None,
+    weights: DType,
+    optimizer: OptimizerName | None,
+    implementation: str,
+    state_bytes: int,
+    accumulation: int,
+    batch_size: int,
+    new_tokens: int | None = None,
+    grad_scaler: bool = False,
+) -> Workload:
+    """Record one optimizer step of ``built`` (see the module notes)."""
+    ops, module = _run(
+        built, train=train, autocast=autocast, weights=weights, new_tokens=new_tokens
+    )
+    ops = [op.times(accumulation) for op in ops] if accumulation > 1 else ops
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    notes = []
+    if train:
+        sizes = [p.numel() for p in trainable]
+        param_bytes = trainable[0].element_size() if trainable else 4
+        ops += optimizer_ops(
+            optimizer,
+            sizes,
+            param_bytes=param_bytes,
+            state_bytes=state_bytes,
+            implementation=implementation,
+        )
+        if grad_scaler and sizes:  # GradScaler.unscale_: gradients read and written once
+            moved = 2.0 * sum(sizes) * param_bytes
+            ops.append(Op("unscale", OpKind.MEMORY, Phase.OPTIMIZER, 0.0, moved, "fp32"))
+        notes.append(f"optimizer: {optimizer.value if optimizer else 'none'} ({implementation})")
+    tokens = None if built.tokens is None else built.tokens * batch_size * accumulation
+    if new_tokens:
+        tokens = batch_size * new_tokens
+    return Workload(
+        ops=merge(ops),
+        samples=batch_size * accumulation,
+        tokens=tokens,
+        parameters=sum(p.numel() for p in module.parameters()),
+        trainable=sum(p.numel() for p in trainable),
+        name=built.name,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,73 @@
+"""The roofline: more work never takes less time; the curves meet their published points."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchfit.memory import gpu
+from torchfit.speed.cards import peaks
+from torchfit.speed.curves import attention_efficiency, matmul_fit
+from torchfit.speed.ops import Op, OpKind, Phase
+from torchfit.speed.roofline import kernel_seconds
+
+H200 = peaks(gpu("H200"))
+dims = st.integers(min_value=1, max_value=16384)
+
+
+def _matmul(m, n, k, dtype="bf16"):
+    size = 2 if dtype != "fp32" else 4
+    moved = float((m * k + k * n + m * n) * size)
+    return Op("mm", OpKind.MATMUL, Phase.FORWARD, 2.0 * m * n * k, moved, dtype, (1, m, n, k))
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=dims, n=dims, k=dims, grow=st.integers(min_value=1, max_value=8))
+def test_a_bigger_matmul_never_takes_less_time(m, n, k, grow):
+    small = kernel_seconds(_matmul(m, n, k), H200, hopper=True)
+    assert kernel_seconds(_matmul(m * grow, n, k), H200, hopper=True) >= small
+    assert kernel_seconds(_matmul(m, n, k * grow), H200, hopper=True) >= small
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=dims, n=dims, k=dims)
+def test_no_matmul_beats_the_peak_and_fp32_is_slower(m, n, k):
+    op = _matmul(m, n, k)
+    seconds = kernel_seconds(op, H200, hopper=True)
+    assert op.flops / seconds <= H200.dense_peak("bf16")
+    assert kernel_seconds(_matmul(m, n, k, "fp32"), H200, hopper=True) > seconds
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(min_value=0, max_value=1e11), b=st.floats(min_value=0, max_value=1e11))
+def test_memory_bound_time_grows_with_bytes(a, b):
+    low, high = sorted((a, b))
+    ops = [Op("add", OpKind.MEMORY, Phase.FORWARD, 0.0, x, "bf16") for x in (low, high)]
+    assert kernel_seconds(ops[0], H200, hopper=True) <= kernel_seconds(ops[1], H200, hopper=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seq=st.integers(min_value=16, max_value=65536), dim=st.sampled_from([32, 64, 96, 128]))
+def test_attention_efficiency_rises_with_sequence_and_stays_below_one(seq, dim):
+    kw = {"backward": False, "causal": True, "head_dim": dim, "hopper": True, "backend": "flash"}
+    assert 0 < attention_efficiency(seq=seq, **kw) <= attention_efficiency(seq=seq * 2, **kw) < 1
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "published"),
+    [(4096, 4096, 4096, 783.3), (2048, 2048, 2048, 632.0), (1024, 2048, 2048, 524.3)],
+)
+def test_matmul_curve_within_fifteen_percent_of_xla_h100_points(m, n, k, published):
+    h100 = peaks(gpu("H100"))
+    fit = matmul_fit("bf16")
+    moved = 2.0 * (m * k + k * n + m * n)
+    seconds = fit.seconds(
+        2.0 * m * n * k, moved, peak=989.5e12, bandwidth=h100.bandwidth_gb_s * 1e9, mamf=0.803
+    )
+    assert 2.0 * m * n * k / seconds / 1e12 == pytest.approx(published, rel=0.15)
+
+
+def test_attention_meets_the_fa3_papers_fa2_points():
+    kw = {"causal": False, "hopper": True, "backend": "flash"}
+    fwd = attention_efficiency(backward=False, head_dim=128, seq=2048, **kw) * 989.5
+    bwd = attention_efficiency(backward=True, head_dim=64, seq=8192, **kw) * 989.5
+    assert (round(fwd), round(bwd)) == (362, 287)

@@ -1,0 +1,115 @@
+"""step_time and compare_gpus: what they answer, and clear errors for bad input."""
+
+import pytest
+import torch
+from torch import nn
+
+from torchfit.speed import StepTime, compare_gpus, step_time
+
+transformers = pytest.importorskip("transformers")
+TINY = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+
+
+def test_checkpointing_costs_about_one_more_forward_and_lora_less_backward():
+    plain = step_time(TINY, "H100", batch_size=4, seq_len=128, precision="bf16-true")
+    again = step_time(
+        TINY, "H100", batch_size=4, seq_len=128, precision="bf16-true", gradient_checkpointing=True
+    )
+    assert again.seconds > plain.seconds
+    # recomputation is subtracted as one forward (embedding and head included): close
+    assert again.model_flops == pytest.approx(plain.model_flops, rel=0.1)
+    lora = step_time(TINY, "H100", batch_size=4, seq_len=128, precision="bf16-true", lora_rank=8)
+    assert lora.phase_seconds("backward") < plain.phase_seconds("backward")
+
+
+def test_faster_card_is_faster_and_inference_is_faster_than_training():
+    kw = {"batch_size": 8, "seq_len": 128, "precision": "bf16-mixed"}
+    h100, t4 = step_time(TINY, "H100", **kw), step_time(TINY, "T4", **kw)
+    assert h100.seconds < t4.seconds
+    forward = step_time(TINY, "H100", batch_size=8, seq_len=128, mode="inference", dtype="bf16")
+    assert forward.seconds < h100.seconds
+    assert h100.tokens == 8 * 128 and h100.tokens_per_s == pytest.approx(1024 / h100.seconds)
+
+
+def test_a_module_with_an_input_shape_is_timed():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    found = step_time(model, "A100 80GB", batch_size=16, input_shape=(3, 32, 32))
+    assert isinstance(found, StepTime) and found.tokens is None
+    assert {row.kind for row in found.breakdown} >= {"conv", "matmul", "memory"}
+    text = str(found)
+    assert "ms per step" in text and "conv" in text
+    assert found.to_dict()["samples_per_s"] == pytest.approx(found.samples_per_s)
+
+
+def test_compare_gpus_table_and_costs():
+    table = compare_gpus(
+        TINY,
+        ["H100", "L4"],
+        batch_size=4,
+        seq_len=128,
+        precision="bf16-mixed",
+        tokens=1e8,
+        price_per_hour={"H100": 3.0},
+    )
+    h100, l4 = table.rows
+    assert h100.fits and l4.fits and h100.time.seconds < l4.time.seconds
+    assert h100.cost == pytest.approx(3.0 * h100.hours) and l4.cost is None
+    assert "NVIDIA L4" in str(table) and table.to_dict()["rows"][0]["gpu"] == "NVIDIA H100 SXM"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_size": 0}, ValueError, r"batch_size must be a whole number >= 1; got 0"),
+        ({"batch_size": 2.5}, TypeError, r"batch_size"),
+        ({"batch_size": 1, "precision": "bf17"}, ValueError, r"unknown precision 'bf17'.*expected"),
+        ({"batch_size": 1, "mode": "serve"}, ValueError, r"unknown mode 'serve'; expected"),
+        ({"batch_size": 1, "optimizer_implementation": "fast"}, ValueError, r"foreach"),
+        ({"batch_size": 1, "optimizer": "adamx"}, ValueError, r"adamx"),
+        ({"batch_size": 1, "seq_len": 4096}, ValueError, r"seq_len=4096 is beyond.*128"),
+        ({"batch_size": 1, "input_shape": (3, 8, 8)}, ValueError, r"give seq_len= instead"),
+        (
+            {"batch_size": 1, "max_new_tokens": 4},
+            ValueError,
+            r"max_new_tokens=4 describes generation.*mode='inference'",
+        ),
+    ],
+)
+def test_bad_input_names_the_value_the_expectation_and_the_fix(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        step_time(TINY, "H100", **kwargs)
+
+
+def test_bad_card_and_module_without_shape():
+    with pytest.raises(ValueError, match=r"GPU\.custom"):
+        step_time(TINY, "no such card 9000", batch_size=1)
+    with pytest.raises(ValueError, match=r"input_shape=\(\.\.\.\)"):
+        step_time(nn.Linear(4, 4), "H100", batch_size=1)
+
+
+def test_hours_and_cost_refuse_bad_amounts():
+    found = step_time(TINY, "H100", batch_size=2, seq_len=64)
+    with pytest.raises(ValueError, match="exactly one of tokens="):
+        found.hours()
+    with pytest.raises(ValueError, match="needs dataset_size="):
+        found.hours(epochs=2)
+    with pytest.raises(ValueError, match="price_per_hour must be a finite number >= 0"):
+        found.cost(-1.0, tokens=1e6)
+    with pytest.raises(TypeError, match="price_per_hour must be a number"):
+        found.cost("2$", tokens=1e6)
+    assert found.hours(epochs=2, dataset_size=10) == pytest.approx(found.hours(samples=20))
+
+
+def test_compare_refuses_a_price_for_a_card_not_compared():
+    with pytest.raises(ValueError, match=r"price_per_hour names cards not compared: \['A100'\]"):
+        compare_gpus(TINY, ["H100"], batch_size=1, seq_len=64, price_per_hour={"A100": 1.0})
+
+
+def test_quantized_base_adds_dequantization_kernels():
+    plain = step_time(TINY, "H100", batch_size=2, seq_len=64, precision="bf16-mixed", lora_rank=8)
+    qlora = step_time(
+        TINY, "H100", batch_size=2, seq_len=64, precision="bf16-mixed", dtype="nf4", lora_rank=8
+    )
+    assert "dequant" not in {r.kind for r in plain.breakdown}
+    assert {r.phase for r in qlora.breakdown if r.kind == "dequant"} == {"forward", "backward"}
+    assert torch.float32  # the module stays importable with torch alone
