@@ -235,3 +235,20 @@ def test_measure_step_runs_the_step_trace_describes_under_autocast():
         assert abs(missing) <= 0.01 * mixed.peak
     else:
         assert 0 < missing <= 0.10 * mixed.peak
+
+
+def test_the_device_is_the_tensors_not_the_optimizers_cpu_step_counts(monkeypatch):
+    """AdamW on a CUDA model keeps 0-dim step counts on the CPU; they do not vote."""
+    import types
+
+    from torchfit.memory import measure
+
+    def fake(device, dim):
+        return types.SimpleNamespace(device=types.SimpleNamespace(type=device), dim=lambda: dim)
+
+    tensors = [fake("cuda", 2), fake("cuda", 1), fake("cpu", 0), fake("cpu", 0)]
+    monkeypatch.setattr(measure, "reachable_tensors", lambda _track: tensors)
+    assert measure._infer_device(()) == "cuda"
+    tensors.append(fake("cpu", 2))  # a real CPU tensor among CUDA ones: say which
+    with pytest.raises(ValueError, match="several devices"):
+        measure._infer_device(())

@@ -123,7 +123,13 @@ def live_bytes(*objects: object, device: str | None = None) -> int:
 
 
 def _infer_device(track: tuple[object, ...]) -> str:
-    types = {t.device.type for t in reachable_tensors(track)} - {"meta"}
+    # 0-dim CPU tensors do not vote: torch.optim keeps its step counts on the CPU when
+    # neither fused nor capturable (torch/optim/adam.py, _init_group), whatever the model.
+    types = {
+        t.device.type
+        for t in reachable_tensors(track)
+        if not (t.device.type == "cpu" and t.dim() == 0)
+    } - {"meta"}
     if len(types) > 1:
         raise ValueError(
             f"the tracked tensors live on several devices ({sorted(types)}); "

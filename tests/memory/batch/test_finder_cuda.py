@@ -101,7 +101,7 @@ def test_a_model_the_capped_card_cannot_hold_is_not_walked_back():
 
     def step(batch_size):
         tried.append(batch_size)
-        held = torch.empty(batch_size * cap, dtype=torch.uint8, device="cuda")
+        held = torch.empty((batch_size + 1) * cap, dtype=torch.uint8, device="cuda")
         del held
 
     with capped(cap), pytest.raises(torch.OutOfMemoryError, match="found no batch size"):
