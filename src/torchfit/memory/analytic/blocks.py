@@ -232,14 +232,38 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     ]
 
 
+def loss_bytes(spec: TransformerSpec, s: BlockSettings) -> tuple[Term, float]:
+    """The cross-entropy's saved tensor and its gradients at the start of backward, per token.
+
+    GPT-2 and Llama heads in transformers upcast the logits (``logits.float()``, the
+    ``ForCausalLMLoss`` path): the log-softmax is fp32, and its backward holds two fp32
+    gradients (nll_loss's and log_softmax's). A masked LM hands its logits to
+    ``nn.CrossEntropyLoss`` as they are: log_softmax runs in the logits' own dtype
+    (aten/src/ATen/native/LossNLL.cpp, ``cross_entropy_loss``); under CUDA autocast only
+    ``nll_loss`` is cast to fp32, so a 16-bit log-softmax and its fp32 copy are kept and
+    the copy is freed before log_softmax's backward (measured on an H200: a BERT MLM fp16
+    step held exactly those three at its peak). CPU autocast casts ``cross_entropy_loss``
+    as a whole to fp32: the fp32 path. Returns the saved `Term` and the bytes of gradients
+    alive with it, both per token.
+    """
+    v, e = spec.vocab, s.dtype.itemsize
+    upcast = s.autocast and s.device != "cuda"
+    if spec.family in {Family.GPT2, Family.LLAMA} or e == FP32 or upcast:
+        return Term("log-softmax of the logits (fp32)", v * FP32), 2 * v * FP32
+    if s.autocast:
+        saved = Term("log-softmax of the logits, and nll_loss's fp32 copy", v * (e + FP32))
+        return saved, v * FP32
+    return Term("log-softmax of the logits", v * e), 2 * v * e
+
+
 def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
-    """Embedding and head tensors saved for training, per token (loss logits in fp32).
+    """Embedding and head tensors saved for training, per token (and the loss's, `loss_bytes`).
 
     The input ids themselves are the caller's tensor (counted once, as an input).
     """
     e, h = s.dtype.itemsize, spec.hidden
     drop = _dropout(spec.dropout, s)
-    logits = Term("log-softmax of the logits (fp32)", spec.vocab * FP32)
+    logits = loss_bytes(spec, s)[0]
     head_input = 0 if s.frozen_base else h * e  # saved for the head's weight gradient only
     if spec.family is Family.GPT2:
         return [

@@ -25,9 +25,10 @@ from torchfit.memory.analytic.blocks import (
     Term,
     block_terms,
     head_terms,
+    loss_bytes,
     mlp_backward_width,
 )
-from torchfit.memory.analytic.formulas import FP32, INT64, parse_attention
+from torchfit.memory.analytic.formulas import INT64, parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
 from torchfit.memory.analytic.model_states import ModelStates, model_state_bytes
@@ -284,11 +285,11 @@ def _training_peak(
         LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
         for k in range(spec.num_layers)
     )
-    # Start of backward: the loss gradient w.r.t. the log-softmax and the logits (fp32).
-    # With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
+    # Start of backward: the loss gradients w.r.t. the log-softmax and the logits
+    # (`loss_bytes`). With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
     # chunked_cross_entropy) backward makes these gradients one chunk of positions at a time.
     loss_tokens = tokens if loss_chunk is None else batch_size * min(seq_len, loss_chunk)
-    loss_grads = 2 * loss_tokens * spec.vocab * FP32
+    loss_grads = math.ceil(loss_tokens * loss_bytes(spec, settings)[1])
     if loss_chunk is not None:
         notes.append(f"loss in chunks of {loss_chunk} positions: one chunk's logit gradients")
     # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
