@@ -1,6 +1,6 @@
 """Pick a batch size for a ResNet before training: predicted per card, then verified.
 
-1. From the catalog (no weights, no GPU): the largest batch each card holds with a 5%
+1. From the catalog (no weights, no GPU): the largest batch each card holds with a 7%
    margin, in fp32 and in mixed precision.
 2. Your own ResNet (any ``nn.Module``; a torchvision ``resnet50()`` works the same way):
    predict, then let ``find_batch_size`` verify the prediction with real steps. On a
@@ -23,7 +23,7 @@ args = parser.parse_args()
 
 # 1. Catalog ResNet, SGD with momentum (the ImageNet recipe), one sample's shape.
 name, shape = ("resnet-18", (3, 64, 64)) if args.smoke else ("resnet-50", (3, 224, 224))
-print(f"{name} at {shape[1]}x{shape[2]}, SGD momentum: largest batch with a 5% margin")
+print(f"{name} at {shape[1]}x{shape[2]}, SGD momentum: largest batch with a 7% margin")
 print(f"  {'card':<34}{'fp32':>6}{'mixed':>7}")
 cards = (
     ("GTX 1060", "RTX 3060") if args.smoke else ("GTX 1060", "RTX 3060", "RTX 4090", "A100 80GB")

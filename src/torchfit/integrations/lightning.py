@@ -142,7 +142,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
             or a torchfit ``GPU``, or a ``SimulatedGPU``. By default the trainer's CUDA
             device (free + reserved bytes), or the active ``simulate_gpu`` card; on a
             CPU one of them is required.
-        margin: A fraction of the budget to keep free, or a `Margin` (default: 5% on
+        margin: A fraction of the budget to keep free, or a `Margin` (default: 7% on
             a card, 2% on a simulated one).
         batch_arg_name: The attribute that holds the batch size.
         max_batch_size: Never choose more (the dataset's length is a cap too).

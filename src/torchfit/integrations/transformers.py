@@ -71,7 +71,7 @@ def fit_batch_size(
             or a torchfit ``GPU``, or a ``SimulatedGPU``. By default the CUDA device
             training runs on (free + reserved bytes), or the active ``simulate_gpu``
             card; on a CPU one of them is required.
-        margin: A fraction of the budget to keep free, or a `Margin` (default: 5% on
+        margin: A fraction of the budget to keep free, or a `Margin` (default: 7% on
             a card, 2% on a simulated one).
         keep_effective_batch: Keep the effective batch by changing
             ``gradient_accumulation_steps`` too; the per-device batch is then at most
