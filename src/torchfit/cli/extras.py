@@ -53,7 +53,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
     import torch  # noqa: PLC0415
 
     from torchfit.memory.catalog import build_model  # noqa: PLC0415
-    from torchfit.memory.catalog.build import experts_on_fake_tensors  # noqa: PLC0415
+    from torchfit.memory.catalog.build import transformers_without_data  # noqa: PLC0415
     from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
     from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
@@ -104,7 +104,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
         if train
         else {}
     )
-    with experts_on_fake_tensors():
+    with transformers_without_data():
         return trace(
             model,
             inputs,

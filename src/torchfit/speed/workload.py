@@ -24,7 +24,7 @@ from torch import nn
 from torchfit._core.imports import require
 from torchfit._core.step import OptimizerName, call_model, compute_loss
 from torchfit._core.units import DType
-from torchfit.memory.catalog.build import experts_on_fake_tensors
+from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
 from torchfit.memory.kernels.cuda import FusedSdpa
 from torchfit.memory.tracing.session import copy_to_fake, new_fake_mode
@@ -72,7 +72,7 @@ def _cuda_target(autocast: torch.dtype | None) -> Iterator[None]:
         stack.enter_context(FusedSdpa().installed())
         stack.enter_context(cuda_autocast_on_cpu())
         if "transformers" in sys.modules:
-            stack.enter_context(experts_on_fake_tensors())
+            stack.enter_context(transformers_without_data())
         if autocast is not None:
             stack.enter_context(torch.autocast("cpu", dtype=autocast))
         yield

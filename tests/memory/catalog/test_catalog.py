@@ -572,3 +572,46 @@ def test_search_models_filters_by_name_family_and_hub_id():
     assert [e.name for e in search_models("MIXTRAL")] == ["mixtral-8x7b", "mixtral-8x22b"]
     assert search_models("") == ENTRIES
     assert search_models("no-such-model-anywhere") == []
+
+
+def test_a_data_free_batch_is_read_as_one_sequence_per_row():
+    """transformers reads packed sequences from position ids; meta/fake tensors cannot say."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchfit.memory.catalog.build import one_sequence_per_row
+
+    meta = torch.arange(8, device="meta").expand(2, 8)
+    with pytest.raises(RuntimeError, match="meta"):
+        masking.find_packed_sequence_indices(meta)
+    with FakeTensorMode():
+        fake = torch.arange(8).expand(2, 8)
+        assert masking.find_packed_sequence_indices(fake) is not None  # "traced": kept
+        with one_sequence_per_row():
+            assert masking.find_packed_sequence_indices(fake) is None
+    with one_sequence_per_row():
+        assert masking.find_packed_sequence_indices(meta) is None
+        packed = torch.tensor([[0, 1, 0, 1]])  # real data still decides
+        assert masking.find_packed_sequence_indices(packed) is not None
+    assert masking.find_packed_sequence_indices.__name__ == "find_packed_sequence_indices"
+
+
+def test_gemma2_with_eager_attention_estimates_through_the_meta_pass():
+    transformers = pytest.importorskip("transformers")
+    from torchfit.memory import estimate
+
+    config = transformers.Gemma2Config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        sliding_window=32,
+        query_pre_attn_scalar=32,
+        attn_implementation="eager",
+        use_cache=False,  # as a training config is saved: transformers then reads positions
+    )
+    found = estimate(config, batch_size=2, seq_len=64, precision="bf16-true", device="cuda")
+    assert found.activations > 0

@@ -22,7 +22,7 @@ from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32
 from torchfit.memory.analytic.generation import generation_moments
 from torchfit.memory.analytic.states import chunked_loss_peak
-from torchfit.memory.catalog.build import experts_on_fake_tensors, instantiate, model_class_for
+from torchfit.memory.catalog.build import instantiate, model_class_for, transformers_without_data
 from torchfit.memory.catalog.inputs import (
     DEFAULT_SEQUENCE,
     example_batch,
@@ -117,7 +117,7 @@ def by_meta_pass(
     run = model if chunk is None else ChunkedLoss(model, chunk=chunk)
     if new_tokens is not None and not training:
         run = LastLogits(model)
-    with experts_on_fake_tensors():
+    with transformers_without_data():
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
     built = type(meta_model(config, attention)).__name__
     method = (
@@ -255,7 +255,7 @@ def _cache_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
 
     The model is built in fp32: sizes are scaled to the compute dtype.
     """
-    with torch.no_grad(), experts_on_fake_tensors():
+    with torch.no_grad(), transformers_without_data():
         output = LastLogits(model)(**batch, use_cache=True)
     return _float_bytes(getattr(output, "past_key_values", None), dtype)
 
@@ -266,7 +266,7 @@ def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
     One more forward on meta tensors; the model is built in fp32, so sizes are scaled to
     the compute dtype.
     """
-    with torch.no_grad(), experts_on_fake_tensors():
+    with torch.no_grad(), transformers_without_data():
         output = model(**batch)
     parts = [v for k, v in output.items() if k != "loss"] if isinstance(output, dict) else [output]
     return _float_bytes(parts, dtype)

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.rng import kept_rng
 from torchfit._core.units import format_bytes
-from torchfit.memory.catalog.build import experts_on_fake_tensors
+from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu, cuda_autocast_runs_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
@@ -160,7 +160,7 @@ def _step_context(session: Session, sdpa: FusedSdpa | None) -> Iterator[None]:
             stack.enter_context(cuda_autocast_on_cpu())
             stack.enter_context(cuda_autocast_runs_on_cpu(session.cuda_autocasts))
         if "transformers" in sys.modules:  # a model of transformers: its MoE experts
-            stack.enter_context(experts_on_fake_tensors())
+            stack.enter_context(transformers_without_data())
         if session.autocast_dtype is not None:
             stack.enter_context(torch.autocast("cpu", dtype=session.autocast_dtype))
         yield
