@@ -276,11 +276,15 @@ def _training_peak(
     per_block = math.ceil(tokens * sum(t.per_token for t in block))
     head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
     if gradient_checkpointing:
+        # The loss's backward runs before any block is recomputed; the top block is
+        # recomputed after the loss gradients are freed (its own moment, below).
         kept = math.ceil(spec.num_layers * tokens * spec.hidden * compute.itemsize)
-        activations = kept + per_block + head
+        activations = kept + head
+        recomputing = kept + per_block
         notes.append("gradient checkpointing: block inputs kept, one block recomputed")
     else:
         activations = spec.num_layers * per_block + head
+        recomputing = activations
     layers = tuple(
         LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
         for k in range(spec.num_layers)
@@ -299,7 +303,7 @@ def _training_peak(
     # a frozen head (LoRA on the blocks) gets no weight gradient
     head = 0 if settings.frozen_base else spec.vocab * spec.hidden
     head_grad = math.ceil(head * elem_of(mixed, compute))
-    backward_start = max(activations + loss_grads, activations + head_grad + mlp_grads)
+    backward_start = max(activations + loss_grads, recomputing + head_grad + mlp_grads)
     chunked = chunked_loss_peak(
         activations,
         head_params=head,
