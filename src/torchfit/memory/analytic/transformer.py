@@ -251,6 +251,32 @@ def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
     return start
 
 
+def _saved(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    tokens: int,
+    seq_len: int,
+    checkpointing: bool,
+) -> tuple[int, int, tuple[LayerMemory, ...]]:
+    """Saved bytes at the loss's backward, at the top block's backward, and per block.
+
+    Under checkpointing the loss's backward runs before any block is recomputed; the top
+    block is recomputed after the loss gradients are freed (its own, later moment).
+    """
+    block = _block_terms(spec, seq_len, settings)
+    per_block = math.ceil(tokens * sum(t.per_token for t in block))
+    head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
+    layers = tuple(
+        LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
+        for k in range(spec.num_layers)
+    )
+    if not checkpointing:
+        return spec.num_layers * per_block + head, spec.num_layers * per_block + head, layers
+    kept = math.ceil(spec.num_layers * tokens * spec.hidden * settings.dtype.itemsize)
+    return kept + head, kept + per_block, layers
+
+
 def _training_peak(
     spec: TransformerSpec,
     settings: BlockSettings,
@@ -272,23 +298,11 @@ def _training_peak(
     """The larger of the start of backward and the optimizer step (module docstring)."""
     compute, device, opt = settings.dtype, settings.device, optimizer
     tokens = batch_size * seq_len
-    block = _block_terms(spec, seq_len, settings)
-    per_block = math.ceil(tokens * sum(t.per_token for t in block))
-    head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
-    if gradient_checkpointing:
-        # The loss's backward runs before any block is recomputed; the top block is
-        # recomputed after the loss gradients are freed (its own moment, below).
-        kept = math.ceil(spec.num_layers * tokens * spec.hidden * compute.itemsize)
-        activations = kept + head
-        recomputing = kept + per_block
-        notes.append("gradient checkpointing: block inputs kept, one block recomputed")
-    else:
-        activations = spec.num_layers * per_block + head
-        recomputing = activations
-    layers = tuple(
-        LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
-        for k in range(spec.num_layers)
+    activations, recomputing, layers = _saved(
+        spec, settings, tokens=tokens, seq_len=seq_len, checkpointing=gradient_checkpointing
     )
+    if gradient_checkpointing:
+        notes.append("gradient checkpointing: block inputs kept, one block recomputed")
     # Start of backward: the loss gradients w.r.t. the log-softmax and the logits
     # (`loss_bytes`). With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
     # chunked_cross_entropy) backward makes these gradients one chunk of positions at a time.
