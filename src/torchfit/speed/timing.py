@@ -15,6 +15,7 @@ from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.knobs import ESTIMATE_RULES, check_generation
 from torchfit.speed.build import build_step_model
 from torchfit.speed.cards import peaks
+from torchfit.speed.host import host_seconds
 from torchfit.speed.ops import OpKind, Phase
 from torchfit.speed.optimizer import OPTIMIZER_IMPLEMENTATIONS
 from torchfit.speed.result import KindTime, StepTime
@@ -25,9 +26,9 @@ __all__ = ["NOT_MODELLED", "step_time", "time_workload"]
 
 #: What the prediction leaves out; every `StepTime` carries these in its notes.
 NOT_MODELLED = (
-    "not modelled: CPU-side launch overhead (a step of many tiny kernels, or generate's "
-    "Python loop, runs slower than predicted), torch.compile and CUDA graphs, data "
-    "loading and host-to-device copies, communication between GPUs, clock throttling"
+    "not modelled: Python work outside ATen ops (generate's loop, a library's own "
+    "Python), torch.compile and CUDA graphs, data loading and host-to-device copies, "
+    "communication between GPUs, clock throttling"
 )
 #: The keywords `step_time` shares with `estimate`, checked by the same rules.
 _SHARED_RULES = frozenset(
@@ -71,6 +72,9 @@ def _lora_config(
 def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: bool) -> StepTime:
     """Time every kernel of ``work`` on ``card`` and sum (kernels run one after another).
 
+    A phase whose kernels the host dispatches slower than the GPU runs them takes the
+    host's time (`torchfit.speed.host`); the difference is a ``"host"`` row.
+
     Example:
         >>> from torchfit.speed.ops import Op
         >>> w = Workload((Op("mm", OpKind.MATMUL, Phase.FORWARD, 2 * 4096**3, 1e8, "bf16",
@@ -90,6 +94,11 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     breakdown = tuple(
         KindTime(kind, phase, s, f, b, int(n)) for (kind, phase), (s, f, b, n) in rows.items()
     )
+    train = any(op.phase is Phase.BACKWARD for op in work.ops)
+    for phase, host in host_seconds(work.ops, train=train).items():
+        gpu_s = sum(r.seconds for r in breakdown if r.phase == phase.value)
+        if host > gpu_s:  # the GPU waits for the host's launches
+            breakdown += (KindTime("host", phase.value, host - gpu_s, 0.0, 0.0, 0),)
     compute_kinds = {kind.value for kind in _COMPUTE_KINDS}
     flops = {
         phase: sum(r.flops for r in breakdown if r.phase == phase.value and r.kind in compute_kinds)
