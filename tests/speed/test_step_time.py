@@ -113,3 +113,23 @@ def test_quantized_base_adds_dequantization_kernels():
     assert "dequant" not in {r.kind for r in plain.breakdown}
     assert {r.phase for r in qlora.breakdown if r.kind == "dequant"} == {"forward", "backward"}
     assert torch.float32  # the module stays importable with torch alone
+
+
+def test_qlora_holds_quantized_weights_in_compute_dtype_and_the_rest_in_fp32():
+    from torchfit.speed.workload import hold_quantized_in
+
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(config)  # fp32, as prepare_model_for_kbit_training
+    hold_quantized_in(model, torch.bfloat16)
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj.weight.dtype == layer.mlp.down_proj.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32  # bitsandbytes skips the head
+    assert layer.input_layernorm.weight.dtype == torch.float32

@@ -20,7 +20,7 @@ from torchfit.speed.ops import OpKind, Phase
 from torchfit.speed.optimizer import OPTIMIZER_IMPLEMENTATIONS
 from torchfit.speed.result import KindTime, StepTime
 from torchfit.speed.roofline import kernel_seconds, math_of
-from torchfit.speed.workload import Workload, add_lora, record_workload
+from torchfit.speed.workload import Workload, add_lora, hold_quantized_in, record_workload
 
 __all__ = ["NOT_MODELLED", "step_time", "time_workload"]
 
@@ -213,7 +213,12 @@ def step_time(
     weights = numerics.weights
     mixed = numerics.mixed if numerics.mixed is not None else (train and weights.bits == 16)
     compute = numerics.compute
-    build_dtype = compute if weights.is_quantized else (DType.FP32 if mixed else weights)
+    build_dtype = DType.FP32 if mixed else weights
+    if weights.is_quantized:
+        # PEFT's prepare_model_for_kbit_training (the QLoRA recipe) casts every parameter
+        # bitsandbytes left unquantized to fp32 (peft/utils/other.py); without it (or for
+        # inference) the model is held in the compute dtype
+        build_dtype = DType.FP32 if train and mixed else compute
     if base_dtype is not None and mixed:
         build_dtype = parse_dtype(base_dtype)
     built = build_step_model(
@@ -226,6 +231,8 @@ def step_time(
         train=train,
         checkpointing=gradient_checkpointing,
     )
+    if weights.is_quantized:  # dequantized, the 4/8-bit weights are compute-dtype tensors
+        hold_quantized_in(built.module, _torch_dtype(compute))
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     if wants_lora or (weights.is_quantized and train):
         add_lora(built, _lora_config(lora, lora_rank, lora_targets, lora_dropout, built.config))

@@ -33,7 +33,7 @@ from torchfit.speed.ops import Op, OpKind, Phase, merge
 from torchfit.speed.optimizer import optimizer_ops
 from torchfit.speed.record import OpRecorder
 
-__all__ = ["Workload", "record_workload"]
+__all__ = ["Workload", "hold_quantized_in", "record_workload"]
 
 #: Bytes per weight a dequantization moves: the packed weight and its scales read, the
 #: 16-bit copy written. nf4/fp4: 0.5 + 2 + one absmax byte per 64 (double quantization
@@ -95,6 +95,18 @@ def _quantized_linears(module: nn.Module) -> list[nn.Module]:
             continue
         found.append(sub)
     return found
+
+
+def hold_quantized_in(module: nn.Module, dtype: torch.dtype) -> None:
+    """Give the weights bitsandbytes quantizes ``dtype``: what dequantization produces.
+
+    ``Linear4bit`` casts its input to its compute dtype and multiplies by the
+    dequantized weight in it (bitsandbytes ``nn/modules.py`` and ``MatMul4Bit``), so
+    under autocast those weights need no cast, while everything left unquantized keeps
+    the dtype it was built in.
+    """
+    for linear in _quantized_linears(module):
+        linear.weight.data = linear.weight.data.to(dtype)
 
 
 def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> list[Any]:
