@@ -146,3 +146,14 @@ def test_views_launch_no_kernel_and_a_copy_moves_its_bytes_twice():
     assert "view" not in names and "t" not in names
     clone = next(op for op in work.ops if op.name == "clone")
     assert clone.bytes == 2 * 4 * 256 * 4
+
+
+def test_nchw_activations_are_transposed_and_channels_last_or_depthwise_are_not():
+    from torchfit.speed.record import nchw_bytes
+
+    x, out = torch.empty(2, 8, 16, 16), torch.empty(2, 16, 16, 16)
+    assert nchw_bytes(x, out, groups=1, backward=False) == x.nbytes + out.nbytes
+    assert nchw_bytes(x, out, groups=1, backward=True) == 2 * x.nbytes + out.nbytes
+    assert nchw_bytes(x, out, groups=8, backward=False) == 0
+    last = x.to(memory_format=torch.channels_last)
+    assert nchw_bytes(last, out, groups=1, backward=False) == 0

@@ -103,3 +103,19 @@ def test_fp32_attention_runs_three_tf32_products_from_ampere_on():
     assert math_of(op, H200) == "3xtf32" and math_of(op, peaks(gpu("V100 16GB"))) == "fp32"
     assert H200.dense_peak("3xtf32") == pytest.approx(H200.dense_peak("tf32") / 3)
     assert H200.dense_peak("3xtf32") > H200.dense_peak("fp32")
+
+
+def test_an_nchw_convolution_on_tensor_cores_pays_two_transposes():
+    shape = (1, 64 * 56 * 56, 64, 576)
+    flops, moved = 2.0 * 64 * 56 * 56 * 64 * 576, 4.0 * 64 * 64 * 56 * 56
+    nhwc = Op("convolution", OpKind.CONV, Phase.FORWARD, flops, moved, "bf16", (*shape, 0))
+    nchw = Op("convolution", OpKind.CONV, Phase.FORWARD, flops, moved, "bf16", (*shape, 1 << 28))
+    extra = kernel_seconds(nchw, H200, hopper=True) - kernel_seconds(nhwc, H200, hopper=True)
+    # 256 MiB read and written once more, at 83% of 4.8 TB/s, plus two launches
+    assert extra == pytest.approx(2 * (1 << 28) / (H200.bandwidth_gb_s * 1e9 * 0.83) + 4e-6)
+    # fp32 on a card without TF32 runs on CUDA cores, NCHW natively: no transposes
+    v100 = peaks(gpu("V100 16GB"))
+    fp32 = [Op(o.name, o.kind, o.phase, o.flops, o.bytes, "fp32", o.shape) for o in (nhwc, nchw)]
+    assert kernel_seconds(fp32[0], v100, hopper=False) == kernel_seconds(
+        fp32[1], v100, hopper=False
+    )

@@ -6,6 +6,9 @@ by default) at the fitted matmul curve; fused attention at FlashAttention-2's me
 share of the peak for its sequence length, head size and mask (fp32 attention on
 Ampere and later as three TF32 products: `torchfit.speed.cards`); everything else streams
 its bytes at the achievable bandwidth. Every kernel costs at least a few microseconds.
+A convolution on tensor cores with NCHW activations adds the two transposes cuDNN runs
+around it (`torchfit.speed.record.nchw_bytes`), each a memory-bound kernel reading
+and writing its bytes.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         peak = card.dense_peak(kind)
         fit = matmul_fit(kind)
         share = card.sgemm if kind == "fp32" else card.mamf
-        return fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=share)
+        seconds = fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=share)
+        if op.kind is OpKind.CONV and kind != "fp32" and len(op.shape) > 4 and op.shape[4]:
+            # NCHW -> NHWC and back: each byte read and written once more
+            seconds += 2 * op.shape[4] / (bandwidth * MEMORY_EFFICIENCY) + 2 * MEMORY_KERNEL_S
+        return seconds
     if op.kind is OpKind.ATTENTION:
         _, _, seq_q, seq_k, head_dim, causal = op.shape
         share = attention_efficiency(
