@@ -157,3 +157,32 @@ def test_nchw_activations_are_transposed_and_channels_last_or_depthwise_are_not(
     assert nchw_bytes(x, out, groups=8, backward=False) == 0
     last = x.to(memory_format=torch.channels_last)
     assert nchw_bytes(last, out, groups=1, backward=False) == 0
+
+
+@pytest.mark.parametrize("groups", [1, 64])
+def test_convolution_backward_flops_are_one_forward_per_gradient_even_when_grouped(groups):
+    model = nn.Conv2d(64, 64, 7, padding=3, groups=groups)
+    built = build_step_model(
+        model,
+        batch_size=2,
+        seq_len=None,
+        input_shape=(64, 16, 16),
+        dtype=torch.float32,
+        attention="sdpa",
+        train=True,
+        checkpointing=False,
+    )
+    work = record_workload(
+        built,
+        train=True,
+        autocast=None,
+        weights=DType.FP32,
+        optimizer=None,
+        implementation="foreach",
+        state_bytes=4,
+        accumulation=1,
+        batch_size=2,
+    )
+    conv = {op.phase: op.flops * op.count for op in work.ops if op.kind is OpKind.CONV}
+    # the input needs no gradient: backward computes the weight gradient only
+    assert conv[Phase.BACKWARD] == pytest.approx(conv[Phase.FORWARD])

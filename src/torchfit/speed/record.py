@@ -9,7 +9,9 @@ recomputation included), and turns each kernel-launching op into an `Op`:
 
 - ``mm``/``addmm``/``bmm``/``baddbmm``: a matmul, FLOPs ``2·b·m·n·k``;
 - ``convolution``/``convolution_backward``: a convolution, FLOPs from
-  ``torch.utils.flop_counter`` (PyTorch's own formulas), shape as its implicit GEMM
+  ``torch.utils.flop_counter`` (PyTorch's own formulas) forward and one forward's per
+  gradient backward (the counter's backward over-counts grouped convolutions), shape as
+  its implicit GEMM
   plus the activation bytes a tensor-core kernel must transpose when they are NCHW
   (`nchw_bytes`);
 - the fused attention ops: FLOPs ``4·b·h·s_q·s_k·d`` forward (half when causal, as
@@ -212,7 +214,6 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out: Any,
         moved: float,
     ) -> Op:
-        flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
         if name == "convolution":
             x, weight, result, groups = args[0], args[1], out, args[8]
         else:  # convolution_backward(grad_output, input, weight, ..., groups, output_mask)
@@ -220,6 +221,14 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         m = result.shape[0] * math.prod(result.shape[2:])
         n = weight.shape[0] // groups
         k = (x.shape[1] // groups) * math.prod(weight.shape[2:])
+        if name == "convolution":
+            flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        else:
+            # each gradient asked for (input, weight) is one forward's implicit GEMM;
+            # torch.utils.flop_counter's conv_backward_flop counts the weight gradient of a
+            # grouped convolution as if ungrouped (``groups`` times too many FLOPs)
+            mask = args[10]
+            flops = 2.0 * groups * m * n * k * (int(bool(mask[0])) + int(bool(mask[1])))
         dtype = dtype_name(weight.dtype)
         transposed = nchw_bytes(x, result, groups=groups, backward=name != "convolution")
         shape = (groups, m, n, k, transposed)
