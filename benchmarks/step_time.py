@@ -167,6 +167,8 @@ def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
     kw["optimizer"] = run.get("optimizer", "adamw")
     kw["optimizer_implementation"] = run.get("optimizer_implementation", "foreach")
     kw["gradient_checkpointing"] = bool(run.get("gradient_checkpointing"))
+    if run.get("channels_last"):
+        kw["channels_last"] = True
     if run.get("lora"):
         kw.update(lora_rank=run["lora"]["rank"], lora_targets=run["lora"]["targets"])
     return kw

@@ -133,3 +133,12 @@ def test_qlora_holds_quantized_weights_in_compute_dtype_and_the_rest_in_fp32():
     assert layer.self_attn.q_proj.weight.dtype == layer.mlp.down_proj.weight.dtype == torch.bfloat16
     assert model.lm_head.weight.dtype == torch.float32  # bitsandbytes skips the head
     assert layer.input_layernorm.weight.dtype == torch.float32
+
+
+def test_channels_last_spares_the_nchw_transposes_on_tensor_cores():
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3))
+    kw = {"batch_size": 64, "input_shape": (64, 56, 56), "precision": "bf16-true"}
+    nchw = step_time(model, "H200", **kw)
+    nhwc = step_time(model, "H200", channels_last=True, **kw)
+    conv = [sum(r.seconds for r in t.breakdown if r.kind == "conv") for t in (nchw, nhwc)]
+    assert conv[1] < conv[0]

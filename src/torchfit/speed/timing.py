@@ -154,6 +154,7 @@ def step_time(
     lora_dropout: float | None = None,
     base_dtype: str | DType | None = None,
     max_new_tokens: int | None = None,
+    channels_last: bool = False,
 ) -> StepTime:
     """Predict how long one step takes on a card, before running it.
 
@@ -191,6 +192,8 @@ def step_time(
             (default: fp32, as the model is built).
         max_new_tokens: Inference is ``generate``: a ``seq_len`` prompt, then this many
             decoding steps with a KV cache (GPU time only; see the notes).
+        channels_last: An image model trained in ``torch.channels_last`` memory format
+            (NHWC): its tensor-core convolutions need no NCHW transposes.
 
     Returns:
         A `StepTime`: seconds, samples and tokens per second, MFU, the breakdown.
@@ -230,6 +233,7 @@ def step_time(
         attention=attn_implementation,
         train=train,
         checkpointing=gradient_checkpointing,
+        channels_last=channels_last,
     )
     if weights.is_quantized:  # dequantized, the 4/8-bit weights are compute-dtype tensors
         hold_quantized_in(built.module, _torch_dtype(compute))
