@@ -186,3 +186,17 @@ def test_convolution_backward_flops_are_one_forward_per_gradient_even_when_group
     conv = {op.phase: op.flops * op.count for op in work.ops if op.kind is OpKind.CONV}
     # the input needs no gradient: backward computes the weight gradient only
     assert conv[Phase.BACKWARD] == pytest.approx(conv[Phase.FORWARD])
+
+
+def test_gpt2_conv1d_addmm_backward_is_two_matmuls_per_forward_one():
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128)
+    work = _record(config, seq=32)
+    forward = [op for op in work.ops if op.kind is OpKind.MATMUL and op.phase is Phase.FORWARD]
+    backward = [op for op in work.ops if op.kind is OpKind.MATMUL and op.phase is Phase.BACKWARD]
+    # four Conv1D per block (addmm) and the tied head (mm); each has an input and a
+    # weight gradient in backward
+    assert sum(op.count for op in forward) == 4 * 2 + 1
+    assert sum(op.count for op in backward) == 2 * (4 * 2 + 1)
+    assert _flops(work, OpKind.MATMUL, Phase.BACKWARD) == 2 * _flops(
+        work, OpKind.MATMUL, Phase.FORWARD
+    )
