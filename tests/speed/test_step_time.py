@@ -142,3 +142,21 @@ def test_channels_last_spares_the_nchw_transposes_on_tensor_cores():
     nhwc = step_time(model, "H200", channels_last=True, **kw)
     conv = [sum(r.seconds for r in t.breakdown if r.kind == "conv") for t in (nchw, nhwc)]
     assert conv[1] < conv[0]
+
+
+def test_a_quantized_linear_casts_its_output_back_to_an_fp32_input():
+    from torchfit.speed.record import OpRecorder
+    from torchfit.speed.workload import _cast_back_hooks
+
+    recorder = OpRecorder()
+    linear = nn.Linear(8, 16)
+    handles = _cast_back_hooks(linear, recorder)
+    x = torch.ones(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear(x)  # bf16 out of an fp32 input, as Linear4bit's matmul before .to()
+    out.float().sum().backward()
+    for handle in handles:
+        handle.remove()
+    casts = [op for op in recorder.ops if op.name == "_to_copy"]
+    # forward: the bf16 output read, written again in fp32; backward: the gradient back
+    assert [op.bytes for op in casts] == [4 * 16 * 6.0, 4 * 16 * 6.0]
