@@ -160,3 +160,9 @@ def test_a_quantized_linear_casts_its_output_back_to_an_fp32_input():
     casts = [op for op in recorder.ops if op.name == "_to_copy"]
     # forward: the bf16 output read, written again in fp32; backward: the gradient back
     assert [op.bytes for op in casts] == [4 * 16 * 6.0, 4 * 16 * 6.0]
+
+
+def test_channels_last_leaves_the_callers_module_as_it_was():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    step_time(model, "H200", batch_size=2, input_shape=(3, 16, 16), channels_last=True)
+    assert model[0].weight.is_contiguous()

@@ -156,8 +156,8 @@ def build_step_model(
         model, config, resolved, dtype=dtype, input_shape=input_shape, checkpointing=checkpointing
     )
     images = torch.zeros(batch_size, *shape, dtype=dtype, device="meta")
-    if channels_last and images.dim() == 4:
-        module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if channels_last and images.dim() == 4:  # on a copy: named models are cached, shared
+        module = copy.deepcopy(module).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         images = images.contiguous(memory_format=torch.channels_last)
     return Built(module, images, _classification_loss, None, config, name)
 
