@@ -8,6 +8,10 @@ prints predicted against real with the median and worst error. The constants of
 them, nothing here is fitted to them.
 
     python benchmarks/step_time.py
+    python benchmarks/step_time.py --published   # the published-throughput set
+
+``--published`` predicts every run of ``speed_published.json`` (published single-card
+training throughputs, each with its source URL and recipe) on its own card.
 
 Vision cases build torchvision's models; without torchvision they are listed as skipped.
 """
@@ -29,6 +33,7 @@ import transformers
 from torchfit.speed import step_time
 
 RUNS = Path(__file__).parent / "gpu_runs"
+PUBLISHED = Path(__file__).parent / "speed_published.json"
 GPU = "H200"
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")
@@ -152,9 +157,60 @@ def h200_table() -> list[float]:
     return errors
 
 
+def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
+    """A published run's recipe in `step_time`'s words."""
+    kw: dict[str, Any] = {"batch_size": run["batch"], "precision": run["precision"]}
+    if "input_shape" in run:
+        kw["input_shape"] = tuple(run["input_shape"])
+    else:
+        kw["seq_len"] = run["seq"]
+    kw["optimizer"] = run.get("optimizer", "adamw")
+    kw["optimizer_implementation"] = run.get("optimizer_implementation", "foreach")
+    kw["gradient_checkpointing"] = bool(run.get("gradient_checkpointing"))
+    if run.get("channels_last"):
+        kw["channels_last"] = True
+    if run.get("lora"):
+        kw.update(lora_rank=run["lora"]["rank"], lora_targets=run["lora"]["targets"])
+    return kw
+
+
+def published_table() -> list[float]:
+    """Predict each published run on its card; print the error of each and the median."""
+    data = json.loads(PUBLISHED.read_text())
+    vision = _load_torchvision()
+    errors: list[float] = []
+    print("| run | card | published s | predicted s | error | source |\n|---|---|---|---|---|---|")
+    for run in data["runs"]:
+        url = data["sources"][run["source"]]["url"]
+        if run.get("model", "").startswith("torchvision/") and not vision:
+            print(f"| {run['id']} | {run['card']} | {run['step_s']:.4f} | skipped | | {url} |")
+            continue
+        model = (
+            transformers.AutoConfig.for_model(**run["config"]) if "config" in run else run["model"]
+        )
+        predicted = step_time(model, run["card"], **published_kwargs(run)).seconds
+        error = predicted / run["step_s"] - 1
+        errors.append(error)
+        print(
+            f"| {run['id']} | {run['card']} | {run['step_s']:.4f} | {predicted:.4f} "
+            f"| {error:+.1%} | {url} |"
+        )
+    if errors:
+        print(
+            f"\n{len(errors)} runs from {len(data['sources'])} sources: median |error| "
+            f"{statistics.median(abs(e) for e in errors):.1%}, "
+            f"worst {max(errors, key=abs):+.1%}"
+        )
+    return errors
+
+
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__).parse_args()
-    h200_table()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--published", action="store_true", help="the published-throughput set")
+    if parser.parse_args().published:
+        published_table()
+    else:
+        h200_table()
     return 0
 
 

@@ -146,3 +146,57 @@ def test_views_launch_no_kernel_and_a_copy_moves_its_bytes_twice():
     assert "view" not in names and "t" not in names
     clone = next(op for op in work.ops if op.name == "clone")
     assert clone.bytes == 2 * 4 * 256 * 4
+
+
+def test_nchw_activations_are_transposed_and_channels_last_or_depthwise_are_not():
+    from torchfit.speed.record import nchw_bytes
+
+    x, out = torch.empty(2, 8, 16, 16), torch.empty(2, 16, 16, 16)
+    assert nchw_bytes(x, out, groups=1, backward=False) == x.nbytes + out.nbytes
+    assert nchw_bytes(x, out, groups=1, backward=True) == 2 * x.nbytes + out.nbytes
+    assert nchw_bytes(x, out, groups=8, backward=False) == 0
+    last = x.to(memory_format=torch.channels_last)
+    assert nchw_bytes(last, out, groups=1, backward=False) == 0
+
+
+@pytest.mark.parametrize("groups", [1, 64])
+def test_convolution_backward_flops_are_one_forward_per_gradient_even_when_grouped(groups):
+    model = nn.Conv2d(64, 64, 7, padding=3, groups=groups)
+    built = build_step_model(
+        model,
+        batch_size=2,
+        seq_len=None,
+        input_shape=(64, 16, 16),
+        dtype=torch.float32,
+        attention="sdpa",
+        train=True,
+        checkpointing=False,
+    )
+    work = record_workload(
+        built,
+        train=True,
+        autocast=None,
+        weights=DType.FP32,
+        optimizer=None,
+        implementation="foreach",
+        state_bytes=4,
+        accumulation=1,
+        batch_size=2,
+    )
+    conv = {op.phase: op.flops * op.count for op in work.ops if op.kind is OpKind.CONV}
+    # the input needs no gradient: backward computes the weight gradient only
+    assert conv[Phase.BACKWARD] == pytest.approx(conv[Phase.FORWARD])
+
+
+def test_gpt2_conv1d_addmm_backward_is_two_matmuls_per_forward_one():
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128)
+    work = _record(config, seq=32)
+    forward = [op for op in work.ops if op.kind is OpKind.MATMUL and op.phase is Phase.FORWARD]
+    backward = [op for op in work.ops if op.kind is OpKind.MATMUL and op.phase is Phase.BACKWARD]
+    # four Conv1D per block (addmm) and the tied head (mm); each has an input and a
+    # weight gradient in backward
+    assert sum(op.count for op in forward) == 4 * 2 + 1
+    assert sum(op.count for op in backward) == 2 * (4 * 2 + 1)
+    assert _flops(work, OpKind.MATMUL, Phase.BACKWARD) == 2 * _flops(
+        work, OpKind.MATMUL, Phase.FORWARD
+    )

@@ -8,7 +8,7 @@ from torchfit.memory import gpu
 from torchfit.speed.cards import peaks
 from torchfit.speed.curves import attention_efficiency, matmul_fit
 from torchfit.speed.ops import Op, OpKind, Phase
-from torchfit.speed.roofline import kernel_seconds
+from torchfit.speed.roofline import kernel_seconds, math_of
 
 H200 = peaks(gpu("H200"))
 dims = st.integers(min_value=1, max_value=16384)
@@ -71,3 +71,51 @@ def test_attention_meets_the_fa3_papers_fa2_points():
     fwd = attention_efficiency(backward=False, head_dim=128, seq=2048, **kw) * 989.5
     bwd = attention_efficiency(backward=True, head_dim=64, seq=8192, **kw) * 989.5
     assert (round(fwd), round(bwd)) == (362, 287)
+
+
+@pytest.mark.parametrize(
+    ("card", "share"),
+    [("H200", 0.75), ("A100 80GB", 0.75), ("RTX 4090", 0.60), ("RTX A6000", 0.60)],
+)
+def test_fp32_ceiling_follows_the_sm_design(card, share):
+    assert peaks(gpu(card)).sgemm == share
+
+
+def test_fp32_sgemm_on_an_h100_class_card_meets_the_published_point():
+    # cublasSgemm 50.5 TFLOP/s at 8192³ on an H100 SXM (module notes of cards.py)
+    op = _matmul(8192, 8192, 8192, "fp32")
+    tflops = op.flops / kernel_seconds(op, H200, hopper=True) / 1e12
+    assert tflops == pytest.approx(50.5, rel=0.1)
+
+
+def test_fp32_attention_runs_three_tf32_products_from_ampere_on():
+    shape = (8, 12, 1024, 1024, 64, 1)
+    op = Op(
+        "_efficient_attention",
+        OpKind.ATTENTION,
+        Phase.FORWARD,
+        1e12,
+        1e8,
+        "fp32",
+        shape,
+        "efficient",
+    )
+    assert math_of(op, H200) == "3xtf32" and math_of(op, peaks(gpu("V100 16GB"))) == "fp32"
+    assert H200.dense_peak("3xtf32") == pytest.approx(H200.dense_peak("tf32") / 3)
+    assert H200.dense_peak("3xtf32") > H200.dense_peak("fp32")
+
+
+def test_an_nchw_convolution_on_tensor_cores_pays_two_transposes():
+    shape = (1, 64 * 56 * 56, 64, 576)
+    flops, moved = 2.0 * 64 * 56 * 56 * 64 * 576, 4.0 * 64 * 64 * 56 * 56
+    nhwc = Op("convolution", OpKind.CONV, Phase.FORWARD, flops, moved, "bf16", (*shape, 0))
+    nchw = Op("convolution", OpKind.CONV, Phase.FORWARD, flops, moved, "bf16", (*shape, 1 << 28))
+    extra = kernel_seconds(nchw, H200, hopper=True) - kernel_seconds(nhwc, H200, hopper=True)
+    # 256 MiB read and written once more, at 83% of 4.8 TB/s, plus two launches
+    assert extra == pytest.approx(2 * (1 << 28) / (H200.bandwidth_gb_s * 1e9 * 0.83) + 4e-6)
+    # fp32 on a card without TF32 runs on CUDA cores, NCHW natively: no transposes
+    v100 = peaks(gpu("V100 16GB"))
+    fp32 = [Op(o.name, o.kind, o.phase, o.flops, o.bytes, "fp32", o.shape) for o in (nhwc, nchw)]
+    assert kernel_seconds(fp32[0], v100, hopper=False) == kernel_seconds(
+        fp32[1], v100, hopper=False
+    )

@@ -113,3 +113,56 @@ def test_quantized_base_adds_dequantization_kernels():
     assert "dequant" not in {r.kind for r in plain.breakdown}
     assert {r.phase for r in qlora.breakdown if r.kind == "dequant"} == {"forward", "backward"}
     assert torch.float32  # the module stays importable with torch alone
+
+
+def test_qlora_holds_quantized_weights_in_compute_dtype_and_the_rest_in_fp32():
+    from torchfit.speed.workload import hold_quantized_in
+
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(config)  # fp32, as prepare_model_for_kbit_training
+    hold_quantized_in(model, torch.bfloat16)
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj.weight.dtype == layer.mlp.down_proj.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32  # bitsandbytes skips the head
+    assert layer.input_layernorm.weight.dtype == torch.float32
+
+
+def test_channels_last_spares_the_nchw_transposes_on_tensor_cores():
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3))
+    kw = {"batch_size": 64, "input_shape": (64, 56, 56), "precision": "bf16-true"}
+    nchw = step_time(model, "H200", **kw)
+    nhwc = step_time(model, "H200", channels_last=True, **kw)
+    conv = [sum(r.seconds for r in t.breakdown if r.kind == "conv") for t in (nchw, nhwc)]
+    assert conv[1] < conv[0]
+
+
+def test_a_quantized_linear_casts_its_output_back_to_an_fp32_input():
+    from torchfit.speed.record import OpRecorder
+    from torchfit.speed.workload import _cast_back_hooks
+
+    recorder = OpRecorder()
+    linear = nn.Linear(8, 16)
+    handles = _cast_back_hooks(linear, recorder)
+    x = torch.ones(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear(x)  # bf16 out of an fp32 input, as Linear4bit's matmul before .to()
+    out.float().sum().backward()
+    for handle in handles:
+        handle.remove()
+    casts = [op for op in recorder.ops if op.name == "_to_copy"]
+    # forward: the bf16 output read, written again in fp32; backward: the gradient back
+    assert [op.bytes for op in casts] == [4 * 16 * 6.0, 4 * 16 * 6.0]
+
+
+def test_channels_last_leaves_the_callers_module_as_it_was():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    step_time(model, "H200", batch_size=2, input_shape=(3, 16, 16), channels_last=True)
+    assert model[0].weight.is_contiguous()

@@ -114,8 +114,12 @@ def build_step_model(
     attention: str,
     train: bool,
     checkpointing: bool,
+    channels_last: bool = False,
 ) -> Built:
     """Build ``model`` on meta in ``dtype`` with its step's batch (see the module notes).
+
+    ``channels_last`` puts an image model's 4-D weights and its images in
+    ``torch.channels_last`` (NHWC) memory format, as ``model.to(memory_format=...)`` does.
 
     Raises:
         ValueError: a token model given ``input_shape``, a module without one, or a
@@ -152,6 +156,9 @@ def build_step_model(
         model, config, resolved, dtype=dtype, input_shape=input_shape, checkpointing=checkpointing
     )
     images = torch.zeros(batch_size, *shape, dtype=dtype, device="meta")
+    if channels_last and images.dim() == 4:  # on a copy: named models are cached, shared
+        module = copy.deepcopy(module).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        images = images.contiguous(memory_format=torch.channels_last)
     return Built(module, images, _classification_loss, None, config, name)
 
 

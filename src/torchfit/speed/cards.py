@@ -15,6 +15,21 @@ The 16-bit tensor-core peaks and the bandwidth come from the GPU catalog
   FLOPS, the best of a search over shapes; S. Bekman, *Machine Learning Engineering*,
   compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"):
   `MAMF`. Cards not measured there take 0.80, the median of the NVIDIA rows.
+- **The share of the fp32 peak cuBLAS SGEMM reaches** (`sgemm_share`), by the SM's
+  design. Data-center SMs (compute capability 7.0, 8.0, 9.0: V100, A100, H100/H200) issue
+  one FP32 FMA per lane per clock from a large register file: cublasSgemm ran at 50.5
+  TFLOP/s of the H100 SXM's 67 at 8192³ (75%; 45.7 at 4096³), in the published
+  measurements of github.com/waynehacking8/blackwell-tensorcore-kernels,
+  ``results/bench_sm90a.csv``. The GeForce/RTX SMs since GA102 (8.6, 8.9, 12.x) count
+  twice the FP32 lanes, half of them shared with INT32 (NVIDIA Ampere GA102 whitepaper,
+  "2x FP32 throughput"), and reach less of that doubled figure: cuBLAS SGEMM at 23.3 of
+  38.7 TFLOP/s on an RTX A6000 (60%; S. Boehm, "How to Optimize a CUDA Matmul Kernel for
+  cuBLAS-like Performance", siboehm.com, 2022).
+- **fp32 attention on TF32 tensor cores, three passes**: SDPA's memory-efficient kernel
+  (PyTorch's ``mem_eff_attention/gemm_kernel_utils.h``, ``DefaultGemmType`` for float on
+  compute capability 8.0 and later) multiplies fp32 with CUTLASS's
+  ``OpMultiplyAddFastF32``: each product as three TF32 tensor-core products (CUTLASS
+  example 27, "3xTF32"), so its peak is a third of the TF32 peak (`THREE_TF32`).
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ import dataclasses
 
 from torchfit.memory.gpus import GPU
 
-__all__ = ["FP32_TFLOPS", "MAMF", "Peaks", "peaks"]
+__all__ = ["FP32_TFLOPS", "MAMF", "SGEMM_SHARE", "THREE_TF32", "Peaks", "peaks", "sgemm_share"]
 
 #: Dense fp32 (CUDA-core) TFLOPS from each vendor's datasheet or architecture whitepaper.
 FP32_TFLOPS: dict[str, float] = {
@@ -84,6 +99,10 @@ MAMF: dict[str, float] = {
     "AMD Instinct MI325X": 0.604,
 }
 _DEFAULT_MAMF = 0.80
+#: cuBLAS SGEMM's share of the datasheet fp32 peak, by SM design (module notes).
+SGEMM_SHARE = {"data-center": 0.75, "doubled-fp32": 0.60}
+#: The math name of fp32 run as three TF32 tensor-core products (module notes).
+THREE_TF32 = "3xtf32"
 _FP32_FROM_FP16 = 0.25  # an unlisted card's fp32 peak, as a share of its fp16 tensor peak
 
 
@@ -98,6 +117,7 @@ class Peaks:
         fp32_tflops: Dense fp32 CUDA-core TFLOPS.
         bandwidth_gb_s: Peak memory bandwidth, GB/s.
         mamf: Best share of the 16-bit tensor peak a matmul reaches.
+        sgemm: Best share of ``fp32_tflops`` cuBLAS SGEMM reaches (`sgemm_share`).
         sm_count: Streaming multiprocessors (None when unknown).
         notes: Which figures were derived rather than read from a datasheet.
     """
@@ -107,6 +127,7 @@ class Peaks:
     fp32_tflops: float
     bandwidth_gb_s: float
     mamf: float
+    sgemm: float
     sm_count: int | None
     notes: tuple[str, ...]
 
@@ -120,9 +141,23 @@ class Peaks:
         """
         if dtype in self.tensor_tflops:
             return self.tensor_tflops[dtype] * 1e12
+        if dtype == THREE_TF32 and "tf32" in self.tensor_tflops:
+            return self.tensor_tflops["tf32"] * 1e12 / 3
         if dtype in {"bf16", "fp16"} and "fp16" in self.tensor_tflops:
             return self.tensor_tflops["fp16"] * 1e12
         return self.fp32_tflops * 1e12
+
+
+def sgemm_share(capability: tuple[int, int] | None) -> float:
+    """The best share cuBLAS SGEMM reaches of the fp32 peak for an SM of this compute capability.
+
+    Example:
+        >>> sgemm_share((9, 0)), sgemm_share((8, 6)), sgemm_share(None)
+        (0.75, 0.6, 0.6)
+    """
+    if capability is not None and capability[1] == 0 and capability[0] in {6, 7, 8, 9, 10}:
+        return SGEMM_SHARE["data-center"]
+    return SGEMM_SHARE["doubled-fp32"]
 
 
 def peaks(card: GPU) -> Peaks:
@@ -171,6 +206,7 @@ def peaks(card: GPU) -> Peaks:
         fp32_tflops=fp32,
         bandwidth_gb_s=card.memory_bandwidth_gb_s,
         mamf=mamf,
+        sgemm=sgemm_share(cc),
         sm_count=card.sm_count,
         notes=tuple(notes),
     )

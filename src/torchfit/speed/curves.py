@@ -9,9 +9,9 @@ publishes for its cost model (``xla/service/gpu/model/matmul_interpolator_data.h
 read), with the efficiency ceiling fixed to Bekman's MAMF for that card (80.3%):
 bf16 fits with a median error of 4.5% (worst 24%). XLA's "f32" dots run on TF32 tensor
 cores (above 67 TFLOP/s); those fit ``TF32`` with their own ceiling, 87%. PyTorch's
-fp32 matmuls run on CUDA cores: cuBLAS SGEMM reaches 60% of the fp32 peak at 4096³
-(23.3 of 38.7 TFLOP/s on an RTX A6000: S. Boehm, "How to Optimize a CUDA Matmul Kernel
-for cuBLAS-like Performance", 2022), taken with the bf16 fit's shape.
+fp32 matmuls run on CUDA cores at the card's SGEMM share of its fp32 peak
+(`torchfit.speed.cards.sgemm_share`: 75% on data-center SMs, 60% on GeForce-class
+ones), taken with the bf16 fit's shape.
 
 **Fused attention** (SDPA's FlashAttention-2 kernel) follows the FA2 columns of the
 FlashAttention-3 paper's H100 SXM5 benchmarks (Shah et al. 2024, arXiv:2407.08608,
@@ -82,12 +82,15 @@ class MatmulFit:
 _FITS = {
     "tensor": MatmulFit(None, 1.0, 3.0, 6.0e-6),  # bf16/fp16 on sm_90 (module notes)
     "tf32": MatmulFit(0.87, 0.7, 1.5, 7.75e-6),  # XLA's f32 dots (TF32) on sm_90
-    "fp32": MatmulFit(0.60, 1.0, 3.0, 6.0e-6),  # SGEMM ceiling (Boehm), bf16's shape
+    "fp32": MatmulFit(None, 1.0, 3.0, 6.0e-6),  # the card's SGEMM share, bf16's shape
 }
 
 
 def matmul_fit(math_kind: str) -> MatmulFit:
     """The curve for ``"bf16"``/``"fp16"`` (tensor cores), ``"tf32"`` or ``"fp32"``.
+
+    A ceiling of None is the card's own: `Peaks.mamf` on tensor cores, `Peaks.sgemm` for
+    fp32 on CUDA cores (the caller passes it as ``mamf``).
 
     Example:
         >>> matmul_fit("tf32").ceiling

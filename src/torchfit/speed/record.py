@@ -9,7 +9,11 @@ recomputation included), and turns each kernel-launching op into an `Op`:
 
 - ``mm``/``addmm``/``bmm``/``baddbmm``: a matmul, FLOPs ``2·b·m·n·k``;
 - ``convolution``/``convolution_backward``: a convolution, FLOPs from
-  ``torch.utils.flop_counter`` (PyTorch's own formulas), shape as its implicit GEMM;
+  ``torch.utils.flop_counter`` (PyTorch's own formulas) forward and one forward's per
+  gradient backward (the counter's backward over-counts grouped convolutions), shape as
+  its implicit GEMM
+  plus the activation bytes a tensor-core kernel must transpose when they are NCHW
+  (`nchw_bytes`);
 - the fused attention ops: FLOPs ``4·b·h·s_q·s_k·d`` forward (half when causal, as
   FlashAttention's kernels skip the masked half and its papers count), 2.5 times that
   backward (five matmuls against two: Dao 2023, arXiv:2307.08691, section 3.1);
@@ -32,7 +36,7 @@ from torch.utils.flop_counter import flop_registry
 
 from torchfit.speed.ops import Op, OpKind, Phase
 
-__all__ = ["OpRecorder", "attention_flops", "dtype_name"]
+__all__ = ["OpRecorder", "attention_flops", "dtype_name", "nchw_bytes"]
 
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 _CONVS = frozenset({"convolution", "convolution_backward"})
@@ -210,7 +214,6 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out: Any,
         moved: float,
     ) -> Op:
-        flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
         if name == "convolution":
             x, weight, result, groups = args[0], args[1], out, args[8]
         else:  # convolution_backward(grad_output, input, weight, ..., groups, output_mask)
@@ -218,8 +221,18 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         m = result.shape[0] * math.prod(result.shape[2:])
         n = weight.shape[0] // groups
         k = (x.shape[1] // groups) * math.prod(weight.shape[2:])
+        if name == "convolution":
+            flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        else:
+            # each gradient asked for (input, weight) is one forward's implicit GEMM;
+            # torch.utils.flop_counter's conv_backward_flop counts the weight gradient of a
+            # grouped convolution as if ungrouped (``groups`` times too many FLOPs)
+            mask = args[10]
+            flops = 2.0 * groups * m * n * k * (int(bool(mask[0])) + int(bool(mask[1])))
         dtype = dtype_name(weight.dtype)
-        return Op(name, OpKind.CONV, self.phase, flops, moved, dtype, (groups, m, n, k))
+        transposed = nchw_bytes(x, result, groups=groups, backward=name != "convolution")
+        shape = (groups, m, n, k, transposed)
+        return Op(name, OpKind.CONV, self.phase, flops, moved, dtype, shape)
 
     def _attention(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], moved: float
@@ -242,6 +255,33 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         backend = "flash" if dtype in {"bf16", "fp16"} and not masked else "efficient"
         shape = (batch, heads, seq_q, seq_k, head_dim, int(causal))
         return Op(name, OpKind.ATTENTION, self.phase, flops, moved, dtype, shape, backend)
+
+
+def nchw_bytes(x: torch.Tensor, result: torch.Tensor, *, groups: int, backward: bool) -> int:
+    """Activation bytes cuDNN transposes to NHWC and back around a tensor-core convolution.
+
+    Tensor cores convolve NHWC data; given PyTorch's default NCHW (contiguous) layout,
+    cuDNN transposes the input to NHWC before the kernel and the output back after it
+    (NVIDIA, "Tensor Core AI Performance Milestones", developer.nvidia.com/blog, 2019,
+    its NCHW/NHWC figure; PyTorch's "Channels Last Memory Format" tutorial). Forward
+    moves the input and output; backward the output gradient, the input (for the weight
+    gradient) and the input gradient. Grouped (depthwise) convolutions, channels-last
+    tensors and non-2-D convolutions transpose nothing.
+
+    Example:
+        >>> x, out = torch.empty(8, 64, 56, 56), torch.empty(8, 64, 56, 56)
+        >>> nchw_bytes(x, out, groups=1, backward=False) / 1e6  # MB
+        12.845056
+        >>> nchw_bytes(x.to(memory_format=torch.channels_last), out, groups=1, backward=False)
+        0
+    """
+    if groups != 1 or x.dim() != 4 or x.is_contiguous(memory_format=torch.channels_last):
+        return 0
+    if not x.is_contiguous():
+        return 0
+    size = x.numel() * x.element_size()
+    out = result.numel() * result.element_size()
+    return 2 * size + out if backward else size + out
 
 
 def _causal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, backward: bool) -> bool:

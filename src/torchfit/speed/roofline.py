@@ -3,13 +3,17 @@
 A matmul or convolution runs on the tensor cores of its dtype (an fp32 convolution on
 TF32 ones, as cuDNN does by default; an fp32 matmul on the CUDA cores, as cuBLAS does
 by default) at the fitted matmul curve; fused attention at FlashAttention-2's measured
-share of the peak for its sequence length, head size and mask; everything else streams
+share of the peak for its sequence length, head size and mask (fp32 attention on
+Ampere and later as three TF32 products: `torchfit.speed.cards`); everything else streams
 its bytes at the achievable bandwidth. Every kernel costs at least a few microseconds.
+A convolution on tensor cores with NCHW activations adds the two transposes cuDNN runs
+around it (`torchfit.speed.record.nchw_bytes`), each a memory-bound kernel reading
+and writing its bytes.
 """
 
 from __future__ import annotations
 
-from torchfit.speed.cards import Peaks
+from torchfit.speed.cards import THREE_TF32, Peaks
 from torchfit.speed.curves import (
     MEMORY_EFFICIENCY,
     MEMORY_KERNEL_S,
@@ -22,7 +26,7 @@ __all__ = ["kernel_seconds", "math_of"]
 
 
 def math_of(op: Op, card: Peaks) -> str:
-    """Which units run ``op``: ``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"fp32"``.
+    """Which units run ``op``: ``"bf16"``, ``"fp16"``, ``"tf32"``, ``"3xtf32"`` or ``"fp32"``.
 
     Example:
         >>> from torchfit.memory import gpu
@@ -35,6 +39,8 @@ def math_of(op: Op, card: Peaks) -> str:
         return op.dtype if op.dtype in card.tensor_tflops else "fp32"
     if op.kind is OpKind.CONV and "tf32" in card.tensor_tflops:
         return "tf32"
+    if op.kind is OpKind.ATTENTION and "tf32" in card.tensor_tflops:
+        return THREE_TF32
     return "fp32"
 
 
@@ -53,7 +59,12 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         kind = math_of(op, card)
         peak = card.dense_peak(kind)
         fit = matmul_fit(kind)
-        return fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=card.mamf)
+        share = card.sgemm if kind == "fp32" else card.mamf
+        seconds = fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=share)
+        if op.kind is OpKind.CONV and kind != "fp32" and len(op.shape) > 4 and op.shape[4]:
+            # NCHW -> NHWC and back: each byte read and written once more
+            seconds += 2 * op.shape[4] / (bandwidth * MEMORY_EFFICIENCY) + 2 * MEMORY_KERNEL_S
+        return seconds
     if op.kind is OpKind.ATTENTION:
         _, _, seq_q, seq_k, head_dim, causal = op.shape
         share = attention_efficiency(

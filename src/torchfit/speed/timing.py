@@ -15,19 +15,20 @@ from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.knobs import ESTIMATE_RULES, check_generation
 from torchfit.speed.build import build_step_model
 from torchfit.speed.cards import peaks
+from torchfit.speed.host import host_seconds
 from torchfit.speed.ops import OpKind, Phase
 from torchfit.speed.optimizer import OPTIMIZER_IMPLEMENTATIONS
 from torchfit.speed.result import KindTime, StepTime
 from torchfit.speed.roofline import kernel_seconds, math_of
-from torchfit.speed.workload import Workload, add_lora, record_workload
+from torchfit.speed.workload import Workload, add_lora, hold_quantized_in, record_workload
 
 __all__ = ["NOT_MODELLED", "step_time", "time_workload"]
 
 #: What the prediction leaves out; every `StepTime` carries these in its notes.
 NOT_MODELLED = (
-    "not modelled: CPU-side launch overhead (a step of many tiny kernels, or generate's "
-    "Python loop, runs slower than predicted), torch.compile and CUDA graphs, data "
-    "loading and host-to-device copies, communication between GPUs, clock throttling"
+    "not modelled: Python work outside ATen ops (generate's loop, a library's own "
+    "Python), torch.compile and CUDA graphs, data loading and host-to-device copies, "
+    "communication between GPUs, clock throttling"
 )
 #: The keywords `step_time` shares with `estimate`, checked by the same rules.
 _SHARED_RULES = frozenset(
@@ -71,6 +72,9 @@ def _lora_config(
 def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: bool) -> StepTime:
     """Time every kernel of ``work`` on ``card`` and sum (kernels run one after another).
 
+    A phase whose kernels the host dispatches slower than the GPU runs them takes the
+    host's time (`torchfit.speed.host`); the difference is a ``"host"`` row.
+
     Example:
         >>> from torchfit.speed.ops import Op
         >>> w = Workload((Op("mm", OpKind.MATMUL, Phase.FORWARD, 2 * 4096**3, 1e8, "bf16",
@@ -90,6 +94,11 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     breakdown = tuple(
         KindTime(kind, phase, s, f, b, int(n)) for (kind, phase), (s, f, b, n) in rows.items()
     )
+    train = any(op.phase is Phase.BACKWARD for op in work.ops)
+    for phase, host in host_seconds(work.ops, train=train).items():
+        gpu_s = sum(r.seconds for r in breakdown if r.phase == phase.value)
+        if host > gpu_s:  # the GPU waits for the host's launches
+            breakdown += (KindTime("host", phase.value, host - gpu_s, 0.0, 0.0, 0),)
     compute_kinds = {kind.value for kind in _COMPUTE_KINDS}
     flops = {
         phase: sum(r.flops for r in breakdown if r.phase == phase.value and r.kind in compute_kinds)
@@ -145,6 +154,7 @@ def step_time(
     lora_dropout: float | None = None,
     base_dtype: str | DType | None = None,
     max_new_tokens: int | None = None,
+    channels_last: bool = False,
 ) -> StepTime:
     """Predict how long one step takes on a card, before running it.
 
@@ -182,6 +192,8 @@ def step_time(
             (default: fp32, as the model is built).
         max_new_tokens: Inference is ``generate``: a ``seq_len`` prompt, then this many
             decoding steps with a KV cache (GPU time only; see the notes).
+        channels_last: An image model trained in ``torch.channels_last`` memory format
+            (NHWC): its tensor-core convolutions need no NCHW transposes.
 
     Returns:
         A `StepTime`: seconds, samples and tokens per second, MFU, the breakdown.
@@ -204,7 +216,12 @@ def step_time(
     weights = numerics.weights
     mixed = numerics.mixed if numerics.mixed is not None else (train and weights.bits == 16)
     compute = numerics.compute
-    build_dtype = compute if weights.is_quantized else (DType.FP32 if mixed else weights)
+    build_dtype = DType.FP32 if mixed else weights
+    if weights.is_quantized:
+        # PEFT's prepare_model_for_kbit_training (the QLoRA recipe) casts every parameter
+        # bitsandbytes left unquantized to fp32 (peft/utils/other.py); without it (or for
+        # inference) the model is held in the compute dtype
+        build_dtype = DType.FP32 if train and mixed else compute
     if base_dtype is not None and mixed:
         build_dtype = parse_dtype(base_dtype)
     built = build_step_model(
@@ -216,7 +233,10 @@ def step_time(
         attention=attn_implementation,
         train=train,
         checkpointing=gradient_checkpointing,
+        channels_last=channels_last,
     )
+    if weights.is_quantized:  # dequantized, the 4/8-bit weights are compute-dtype tensors
+        hold_quantized_in(built.module, _torch_dtype(compute))
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
     if wants_lora or (weights.is_quantized and train):
         add_lora(built, _lora_config(lora, lora_rank, lora_targets, lora_dropout, built.config))

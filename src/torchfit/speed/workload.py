@@ -33,7 +33,7 @@ from torchfit.speed.ops import Op, OpKind, Phase, merge
 from torchfit.speed.optimizer import optimizer_ops
 from torchfit.speed.record import OpRecorder
 
-__all__ = ["Workload", "record_workload"]
+__all__ = ["Workload", "hold_quantized_in", "record_workload"]
 
 #: Bytes per weight a dequantization moves: the packed weight and its scales read, the
 #: 16-bit copy written. nf4/fp4: 0.5 + 2 + one absmax byte per 64 (double quantization
@@ -97,6 +97,18 @@ def _quantized_linears(module: nn.Module) -> list[nn.Module]:
     return found
 
 
+def hold_quantized_in(module: nn.Module, dtype: torch.dtype) -> None:
+    """Give the weights bitsandbytes quantizes ``dtype``: what dequantization produces.
+
+    ``Linear4bit`` casts its input to its compute dtype and multiplies by the
+    dequantized weight in it (bitsandbytes ``nn/modules.py`` and ``MatMul4Bit``), so
+    under autocast those weights need no cast, while everything left unquantized keeps
+    the dtype it was built in.
+    """
+    for linear in _quantized_linears(module):
+        linear.weight.data = linear.weight.data.to(dtype)
+
+
 def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> list[Any]:
     per_weight = _DEQUANT_BYTES[weights]
     handles = []
@@ -108,7 +120,37 @@ def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> l
 
         handles.append(linear.register_forward_pre_hook(dequantize))
         handles.append(linear.register_full_backward_pre_hook(dequantize))
+        handles += _cast_back_hooks(linear, recorder)
     return handles
+
+
+def _cast_back_hooks(linear: nn.Module, recorder: OpRecorder) -> list[Any]:
+    """``Linear4bit`` returns its output cast back to its input's dtype.
+
+    bitsandbytes' ``Linear4bit.forward`` ends ``matmul_4bit(...).to(inp_dtype)``: with an
+    fp32 residual stream (``prepare_model_for_kbit_training``) every quantized Linear
+    writes its 16-bit output again in fp32, and backward casts the fp32 gradient back.
+    Autocast on the fake step leaves the output 16-bit, so the casts are added here.
+    """
+    widths: dict[str, int] = {}
+
+    def forward(_: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        x = args[0]
+        if x.dtype == out.dtype:
+            return
+        widths["in"] = x.element_size()
+        moved = float(out.numel() * (out.element_size() + x.element_size()))
+        recorder.add(Op("_to_copy", OpKind.MEMORY, recorder.phase, 0.0, moved, "fp32"))
+
+    def backward(_: nn.Module, grads: tuple[Any, ...]) -> None:
+        if "in" in widths and grads and isinstance(grads[0], torch.Tensor):
+            moved = float(grads[0].numel() * (widths["in"] + grads[0].element_size()))
+            recorder.add(Op("_to_copy", OpKind.MEMORY, recorder.phase, 0.0, moved, "fp32"))
+
+    return [
+        linear.register_forward_hook(forward),
+        linear.register_full_backward_pre_hook(backward),
+    ]
 
 
 def _run(

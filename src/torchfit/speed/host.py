@@ -1,0 +1,56 @@
+"""The host's side of an eager step: dispatching each kernel costs CPU time.
+
+Eager PyTorch launches every kernel from the host, and the GPU runs behind it
+asynchronously (the CUDA semantics notes of PyTorch's docs: "GPU operations are
+asynchronous"). While the host issues kernels faster than the GPU finishes them, the
+GPU sets the pace; when kernels are small, the GPU waits for the next launch and the
+host sets it. So each phase takes the larger of its GPU time and its host time, and a
+step the sum over phases (the rule of H. He, "Making Deep Learning Go Brrrr From First
+Principles", horace.io/brrr_intro.html, 2022: a step is compute-, memory- or
+overhead-bound, whichever is largest).
+
+Host time per kernel-launching ATen op, from PyTorch's issue tracker:
+
+- **forward, issued from Python with autograd recording**: 6.8 µs (one million
+  ``y = 2 * x`` with ``requires_grad=True`` took 6.8 s; github.com/pytorch/pytorch
+  issue 41383, 2020); **without autograd** (inference) 5 µs, the same issue's figure;
+- **backward and the optimizer, issued from C++** (the autograd engine, ``foreach``
+  kernels): 4 µs, the overhead per CUDA op measured in github.com/pytorch/pytorch issue
+  82793 (2022), near ngimel's "about a microsecond" of C++ dispatch in issue 41383 plus
+  the launch itself.
+
+A phase that mixes large and small kernels takes at least the larger of the two, so the
+floor is a lower bound where the two overlap imperfectly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torchfit.speed.ops import Op, Phase
+
+__all__ = ["HOST_OP_S", "host_seconds"]
+
+#: Host seconds per kernel-launching op, by where it is issued from (module notes).
+HOST_OP_S = {
+    "python-autograd": 6.8e-6,
+    "python": 5.0e-6,
+    "cpp": 4.0e-6,
+}
+
+
+def host_seconds(ops: Iterable[Op], *, train: bool) -> dict[Phase, float]:
+    """Host seconds spent dispatching each phase's kernels.
+
+    Example:
+        >>> from torchfit.speed.ops import OpKind
+        >>> add = Op("add", OpKind.MEMORY, Phase.FORWARD, 0.0, 1e3, "fp32", count=1000)
+        >>> round(host_seconds([add], train=True)[Phase.FORWARD] * 1e3, 2)  # ms
+        6.8
+    """
+    forward = HOST_OP_S["python-autograd" if train else "python"]
+    per_op = {Phase.FORWARD: forward, Phase.BACKWARD: HOST_OP_S["cpp"]}
+    totals = dict.fromkeys(Phase, 0.0)
+    for op in ops:
+        totals[op.phase] += op.count * per_op.get(op.phase, HOST_OP_S["cpp"])
+    return totals
