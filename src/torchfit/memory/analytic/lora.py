@@ -238,10 +238,11 @@ def lora_setup(
         (8, ['qkv'])
     """
     if lora is not None:
-        if rank is not None or targets is not None:
+        if rank is not None or targets is not None or dropout is not None:
             raise ValueError(
-                "lora= (a peft.LoraConfig) and lora_rank=/lora_targets= both describe the "
-                "adapters; pass one of them"
+                "lora= (a peft.LoraConfig) and lora_rank=/lora_targets=/lora_dropout= both "
+                "describe the adapters; pass one of them (the LoraConfig has r, "
+                "target_modules and lora_dropout)"
             )
         params_of = {
             "lm_head": spec.vocab * spec.hidden,

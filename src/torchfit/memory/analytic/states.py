@@ -106,6 +106,11 @@ def frozen_base_states(
     fp32 (PEFT's ``autocast_adapter_dtype``); autocast casts nothing of the base. With a
     base in fp32 (``base=None`` or fp32) the states stay as mixed precision gives them.
     """
+    if base is None:
+        notes.append(
+            "frozen base in fp32: the config records no dtype; base_dtype='bf16' for a base "
+            "loaded with from_pretrained(dtype=torch.bfloat16)"
+        )
     if base is None or base.bits != 16:
         return states
     frozen = spec.num_params - trainable
@@ -131,8 +136,13 @@ def weight_bytes(
     double_quant: bool,
     notes: list[str],
     head: bool = False,
+    prepared: bool = False,
 ) -> int:
-    """Weight bytes: the model states', or a quantized base plus its adapters."""
+    """Weight bytes: the model states', or a quantized base plus its adapters.
+
+    ``prepared``: PEFT's ``prepare_model_for_kbit_training`` has cast the quantized base's
+    other parameters (embeddings, norms, head) to fp32.
+    """
     from torchfit.memory.analytic.quantized import (  # noqa: PLC0415
         check_quantize_head,
         quantized_weight_bytes,
@@ -142,13 +152,17 @@ def weight_bytes(
         check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
         notes.append(states.note)
         return states.weights
-    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant, head=head)
+    rest = DType.FP32 if prepared else compute
+    held = quantized_weight_bytes(
+        spec, weights, compute, double_quant=double_quant, head=head, rest=rest
+    )
     # the adapters, at full precision beside the frozen quantized base
     held += math.ceil(adapters * (4 if mixed else compute.itemsize))
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    why = " (peft.prepare_model_for_kbit_training)" if prepared else ""
     notes.append(
         f"block weights{' and the head' if head else ''} in {weights.value}{nested}; "
-        f"embeddings, norms{'' if head else ', head'} in {compute.value}"
+        f"embeddings, norms{'' if head else ', head'} in {rest.value}{why}"
     )
     if adapters:
         notes.append(f"adapters ({adapters:,} parameters): {states.note}")
