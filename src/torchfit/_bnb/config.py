@@ -106,8 +106,9 @@ def read_bitsandbytes_config(config: Any) -> BnbQuantization:
         )
     if eight and _field(config, "llm_int8_has_fp16_weight"):
         raise ValueError(
-            "llm_int8_has_fp16_weight=True keeps fp16 weights beside the int8 ones to train "
-            "them, which is not modelled; trace the loaded model (torchfit.memory.trace)"
+            "quantization= has llm_int8_has_fp16_weight=True: fp16 weights beside the int8 "
+            "ones, to train them, are not modelled; trace the loaded model "
+            "(torchfit.memory.trace)"
         )
     quantize_head = _quantizes_head(_field(config, "llm_int8_skip_modules"))
     if eight:
@@ -116,7 +117,9 @@ def read_bitsandbytes_config(config: Any) -> BnbQuantization:
         )
     kind = str(_field(config, "bnb_4bit_quant_type", "fp4")).lower()
     if kind not in {"fp4", "nf4"}:
-        raise ValueError(f"bnb_4bit_quant_type must be 'nf4' or 'fp4'; got {kind!r}")
+        raise ValueError(
+            f"quantization= has bnb_4bit_quant_type={kind!r}; bitsandbytes takes 'nf4' or 'fp4'"
+        )
     compute = _field(config, "bnb_4bit_compute_dtype")
     return BnbQuantization(
         weights=parse_dtype(kind),
@@ -134,8 +137,8 @@ def _quantizes_head(skip: Any) -> bool:
     blocks = [name for name in names if name.rpartition(".")[2] not in HEAD_NAMES]
     if blocks:
         raise ValueError(
-            f"llm_int8_skip_modules={names!r} keeps {blocks!r} unquantized, which the "
-            "estimate does not model (only the head may be named); trace the loaded model "
-            "with torchfit.memory.trace, or leave those modules out"
+            f"quantization= has llm_int8_skip_modules={names!r}: {blocks!r} left unquantized "
+            "is not modelled by the estimate (only the head may be named); trace the loaded "
+            "model with torchfit.memory.trace, or leave those modules out"
         )
     return not names

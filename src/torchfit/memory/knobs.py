@@ -13,7 +13,8 @@ from torchfit._core.step import Loop, Mode, Numerics, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
-from torchfit.memory.analytic.lora import LoraSetup, lora_setup
+from torchfit.memory.analytic.lora import LoraSetup
+from torchfit.memory.analytic.loraconfig import lora_setup
 
 __all__ = [
     "ESTIMATE_RULES",

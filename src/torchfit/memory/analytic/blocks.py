@@ -58,6 +58,7 @@ class BlockSettings:
     stream and every norm's output are fp32. ``fp32_linear_outputs``: the block Linears
     give their input's dtype back (bitsandbytes' ``Linear4bit.forward`` ends with
     ``.to(inp_dtype)``), so over an fp32 stream the MLP's intermediates are fp32 too.
+    ``head_trains``: over a frozen base, the head trains anyway (a ``modules_to_save`` copy).
     """
 
     dtype: DType
@@ -70,6 +71,7 @@ class BlockSettings:
     inputs_kept: bool = False
     fp32_stream: bool = False
     fp32_linear_outputs: bool = False
+    head_trains: bool = False
 
     def keeps_input(self, *roles: str) -> bool:
         """Whether a Linear of these roles keeps its input for backward.
@@ -102,14 +104,17 @@ class BlockSettings:
         roles = set() if self.lora is None else self.lora.roles & BLOCK_ROLES
         if not self.frozen_base or self.lora is None or not roles:
             return []
-        e, r = self.dtype.itemsize, self.lora.rank
-        inputs = {role: shape[0] for role, shape in role_shapes(spec).items()}
-        count = len(roles)
-        terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", count * r * e)]
-        if self.lora.dropout > 0:
+        e, lora = self.dtype.itemsize, self.lora
+        shapes = role_shapes(spec)
+        count, ranks = len(roles), sum(lora.rank_of(role) for role in roles)
+        terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", ranks * e)]
+        if lora.dropout > 0:
             mask = dropout_mask_bytes(self.dtype, self.device)
-            width = sum(inputs[role] for role in roles)
+            width = sum(shapes[role][0] for role in roles)
             terms.append(Term("LoRA dropout: masks and dropped inputs", width * (mask + e)))
+        if lora.dora:  # (m - 1) * base_result + m * lora_result keeps both outputs
+            outputs = sum(shapes[role][1] for role in roles)
+            terms.append(Term("DoRA: the base's and the adapter's outputs", 2 * outputs * e))
         return terms
 
     @property
@@ -254,7 +259,8 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
     e, h = s.dtype.itemsize, spec.hidden
     drop = _dropout(spec.dropout, s)
     logits = Term("log-softmax of the logits (fp32)", spec.vocab * FP32)
-    head_input = 0 if s.frozen_base else h * e  # saved for the head's weight gradient only
+    # saved for the head's weight gradient only
+    head_input = 0 if s.frozen_base and not s.head_trains else h * e
     if spec.family is Family.GPT2:
         return [
             Term("embedding dropout mask", h * drop),

@@ -91,8 +91,13 @@ def training_peak(
     in_backward: bool,
     loss_chunk: int | None,
     dequantized: int = 0,
+    head_itemsize: float = 0.0,
 ) -> MemoryEstimate:
-    """The larger of the start of backward and the optimizer step (module docstring)."""
+    """The larger of the start of backward and the optimizer step (module docstring).
+
+    ``head_itemsize``: bytes per element of a trained head copy's gradient over a frozen
+    base (0: the master weights' dtype).
+    """
     compute, device, opt = settings.dtype, settings.device, optimizer
     tokens = batch_size * seq_len
     block = _block_terms(spec, seq_len, settings)
@@ -121,9 +126,11 @@ def training_peak(
     # and the activation's chain of intermediates gets a gradient each (measured with the
     # tracer: gelu_new's backward holds about four i-wide tensors at once).
     mlp_grads = math.ceil(tokens * _mlp_backward_width(spec) * settings.mlp_itemsize)
-    # a frozen head (LoRA on the blocks) gets no weight gradient
-    head = 0 if settings.frozen_base else spec.vocab * spec.hidden
-    head_grad = math.ceil(head * elem_of(mixed, compute))
+    # a frozen head (LoRA on the blocks) gets no weight gradient; its modules_to_save copy
+    # does, in the dtype the copy is held in
+    trains = not settings.frozen_base or settings.head_trains
+    head = spec.vocab * spec.hidden if trains else 0
+    head_grad = math.ceil(head * (head_itemsize or elem_of(mixed, compute)))
     # the top block's backward, with the copy a 4-bit Linear's backward dequantizes
     block_backward = recomputed + head_grad + mlp_grads + dequantized
     backward_start = max(activations + loss_grads, block_backward)

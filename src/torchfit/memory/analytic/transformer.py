@@ -19,7 +19,7 @@ from torchfit.memory.analytic.blocks import BlockSettings
 from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.kbit import kbit_head_params
-from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
+from torchfit.memory.analytic.lora import LoraSetup, lora_parameters, saved_parameters
 from torchfit.memory.analytic.model_states import model_state_bytes
 from torchfit.memory.analytic.quantized import (
     bitsandbytes_transients,
@@ -28,9 +28,13 @@ from torchfit.memory.analytic.quantized import (
 )
 from torchfit.memory.analytic.states import (
     adapters_for,
+    check_dora,
+    dora_recompute_bytes,
+    dora_weight_copies,
     frozen_base_states,
     inputs_kept,
     parameter_shapes,
+    saved_copy_states,
     weight_bytes,
 )
 from torchfit.memory.analytic.training import elem_of, training_peak
@@ -105,12 +109,15 @@ def estimate_transformer(
     )
     if lora is not None:
         trainable_params, frozen_base = lora_parameters(spec, lora), True
+        check_dora(lora, weights_format)
     trainable = spec.num_params if trainable_params is None else trainable_params
+    copies = saved_parameters(spec, lora) if lora is not None else 0  # modules_to_save
+    adapters = trainable - copies
     autocast = training and mixed and compute.bits == 16
     prepared = training and weights_format.is_quantized and kbit_prepare
     states = model_state_bytes(
         params=spec.num_params,
-        trainable=trainable,
+        trainable=adapters,
         dtype=compute,
         mixed_precision=mixed,
         optimizer=opt,
@@ -121,7 +128,7 @@ def estimate_transformer(
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only,
         # and of an fp32 head (prepare_model_for_kbit_training's)
         autocast_params=(
-            trainable + kbit_head_params(spec, prepared=prepared, quantized_head=quantize_head)
+            adapters + kbit_head_params(spec, prepared=prepared, quantized_head=quantize_head)
             if weights_format.is_quantized
             else spec.autocast_params
         ),
@@ -132,21 +139,29 @@ def estimate_transformer(
     frozen_16bit = frozen and mixed and not weights_format.is_quantized
     if frozen_16bit:
         states = frozen_base_states(
-            states, spec, trainable=trainable, base=base_dtype, compute=compute, notes=notes
+            states, spec, trainable=adapters, base=base_dtype, compute=compute, notes=notes
         )
         frozen_16bit = base_dtype is not None and base_dtype.bits == 16
+    if lora is not None and training:
+        states = dora_weight_copies(
+            states, spec, lora, compute, fp32_frozen=autocast and not frozen_16bit
+        )
     weights = weight_bytes(
         spec,
         states,
         weights_format,
         compute,
-        adapters=trainable if training else 0,
+        adapters=adapters if training else 0,
         mixed=mixed,
         double_quant=double_quant,
         head=quantize_head,
         notes=notes,
         prepared=prepared,
     )
+    # modules_to_save: the trained copy, in the dtype of the original it copies
+    held = DType.FP32 if prepared or (mixed and not frozen_16bit) else (base_dtype or compute)
+    if copies and training:
+        states, weights = saved_copy_states(states, weights, copies, held, opt, notes=notes)
 
     settings = BlockSettings(
         dtype=compute,
@@ -160,14 +175,9 @@ def estimate_transformer(
         # fp32 embeddings and norms: autocast over fp32 weights, or a prepared 4-bit base
         fp32_stream=autocast and not frozen_16bit and (prepared or not weights_format.is_quantized),
         fp32_linear_outputs=weights_format.is_quantized,
+        head_trains=lora is not None and "head" in lora.saved,
     )
-    if prepared and not gradient_checkpointing:
-        notes.append(
-            "prepare_model_for_kbit_training turns gradient checkpointing on unless "
-            "use_gradient_checkpointing=False: pass gradient_checkpointing=True for its default"
-        )
-    if settings.inputs_kept:
-        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    notes += _settings_notes(settings, prepared=prepared, checkpointing=gradient_checkpointing)
     loading, dequantized, decoding = (0, 0, 0)
     if device == "cuda":
         loading, dequantized, decoding = bitsandbytes_transients(
@@ -217,6 +227,21 @@ def estimate_transformer(
         loop=Loop() if loop is None else loop,
         in_backward=optimizer_in_backward,
         loss_chunk=loss_chunk,
-        dequantized=dequantized,
+        dequantized=dequantized
+        + (dora_recompute_bytes(spec, lora, compute) if gradient_checkpointing and lora else 0),
+        head_itemsize=held.itemsize if copies else 0.0,
     )
     return with_loading(found, loading)
+
+
+def _settings_notes(settings: BlockSettings, *, prepared: bool, checkpointing: bool) -> list[str]:
+    """What the estimate's notes say of the recipe behind ``settings``."""
+    notes = []
+    if prepared and not checkpointing:
+        notes.append(
+            "prepare_model_for_kbit_training turns gradient checkpointing on unless "
+            "use_gradient_checkpointing=False: pass gradient_checkpointing=True for its default"
+        )
+    if settings.inputs_kept:
+        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    return notes
