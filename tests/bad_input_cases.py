@@ -20,6 +20,7 @@ from bad_input_common import (
 )
 from bad_input_memory import MEMORY
 from bad_inputs import (
+    BNB_CONFIG,
     CALLABLE,
     CAPACITY,
     CARD,
@@ -91,7 +92,9 @@ _TOP: list[Case] = [
         "estimate",
         lambda: torchfit.estimate,
         kwargs={"model": "gpt2", "batch_size": 2, "seq_len": 64},
-        kinds=ESTIMATE | {"use_cache": FLAG, "device": NAME, "frozen_base": FLAG},
+        kinds=ESTIMATE
+        | {"use_cache": FLAG, "device": NAME, "frozen_base": FLAG, "kbit_prepare": FLAG}
+        | {"quantization": BNB_CONFIG},
         bases={"input_shape": {"model": tiny(), "batch_size": 2, "input_shape": (8,)}},
     ),
     Case(

@@ -141,6 +141,12 @@ COUNTS = Kind(
     ([], [0], [-8], [2.5], ["8"], "8", 8, [True], [NAN]),
     st.lists(st.integers(max_value=0), min_size=1, max_size=3),
 )
+#: A transformers BitsAndBytesConfig, or its dict.
+BNB_CONFIG = Kind(
+    "bitsandbytes config",
+    ("nf4", 3, True, [], {}, {"load_in_4bit": True, "bnb_4bit_quant_type": "int3"}),
+    st.one_of(st.text(max_size=3), st.integers()),
+)
 #: A floating autocast dtype.
 AUTOCAST = Kind("autocast dtype", (torch.int8, torch.int64, torch.bool, "bf16", 16, True))
 

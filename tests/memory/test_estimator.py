@@ -276,12 +276,15 @@ def test_quantized_weights_and_lora():
     assumed = estimate("llama-2-7b", batch_size=1, seq_len=512, dtype="nf4")
     assert assumed.optimizer == 8 * 4_194_304  # r=8 on q_proj and v_proj of 32 layers
     assert any("assumed PEFT's default LoRA" in note for note in assumed.notes)
-    qlora = estimate(
-        "llama-2-7b", batch_size=1, seq_len=512, dtype="nf4", trainable_params=20_000_000
-    )
+    common = dict(batch_size=1, seq_len=512, dtype="nf4", trainable_params=20_000_000)
+    qlora = estimate("llama-2-7b", kbit_prepare=False, **common)
     assert qlora.optimizer == 8 * 20_000_000  # only the adapters have AdamW moments
     # the adapters' fp32 master weights sit beside the quantized base
     assert qlora.weights == nf4.weights + 4 * 20_000_000
+    # prepare_model_for_kbit_training (the default) casts the embedding, head and norms
+    # (32000 x 4096 twice, 65 x 4096) from bf16 to fp32
+    prepared = estimate("llama-2-7b", **common)
+    assert prepared.weights - qlora.weights == 2 * (2 * 32000 * 4096 + 65 * 4096)
     lora = estimate(
         "llama-2-7b",
         batch_size=1,

@@ -539,6 +539,9 @@ def test_lora_training_step_estimate_against_a_real_step(saved, bits):
         mixed_precision=None if bits else False,
         trainable_params=trainable,
         device="cpu",
+        # load_quantized and adapters added by hand: no prepare_model_for_kbit_training,
+        # the rest of the model stays in the checkpoint's bf16
+        kbit_prepare=False if bits else None,
     )
     assert any("adapters" in n for n in est.notes) or not bits
     error = est.total / real.peak - 1

@@ -145,13 +145,16 @@ def resolve_numerics(
     """Put ``precision``, ``dtype`` and ``mixed_precision`` together, refusing contradictions.
 
     ``precision`` (Lightning's names) decides the compute dtype and master weights;
-    ``dtype`` may then only repeat the compute dtype or name a quantized weight format
-    (``"nf4"``, ``"int8"``: a QLoRA base, whose compute comes from ``precision``).
+    ``dtype`` may then only name the weights as precision holds them (``"fp32"`` for
+    ``"*-mixed"``, the compute dtype for ``"*-true"``) or a quantized weight format
+    (``"nf4"``, ``"int8"``: a QLoRA base, whose compute comes from ``precision``:
+    ``"32-true"`` is bitsandbytes' fp32 ``bnb_4bit_compute_dtype`` without autocast).
     Without ``precision``, ``dtype`` is the compute dtype (a quantized one computes in
     bf16) and ``mixed_precision`` stays as given.
 
     Raises:
-        ValueError: the settings contradict each other; the message names both.
+        ValueError: the settings contradict each other, or a 16-bit ``dtype`` beside a
+            ``"*-mixed"`` precision (read two ways); the message names the spelling.
 
     Example:
         >>> resolve_numerics(precision="bf16-true", dtype="nf4", mixed_precision=None)
@@ -164,6 +167,12 @@ def resolve_numerics(
         raise TypeError(f"mixed_precision must be True, False or None; got {mixed_precision!r}")
     if precision is None:
         compute = DType.BF16 if fmt.is_quantized else fmt
+        if mixed_precision and compute.bits != 16:
+            raise ValueError(
+                f"mixed_precision=True autocasts to a 16-bit dtype, but dtype={fmt.value!r} "
+                "computes in fp32; pass dtype='bf16' (or precision='bf16-mixed'), or leave "
+                "mixed_precision out"
+            )
         return Numerics(weights=fmt, compute=compute, mixed=mixed_precision)
     chosen = parse_precision_name(precision)
     compute = parse_dtype(chosen.compute)
@@ -173,14 +182,20 @@ def resolve_numerics(
             f"each other; pass only precision= (its '-mixed' names mean fp32 master weights)"
         )
     if fmt.is_quantized:
-        if compute.bits != 16:
-            raise ValueError(
-                f"dtype={fmt.value!r} (quantized weights) computes in 16 bits, but "
-                f"precision={chosen.value!r} computes in {compute.value}; use "
-                "precision='bf16-true' (or 'bf16-mixed', '16-true', '16-mixed')"
-            )
         return Numerics(weights=fmt, compute=compute, mixed=chosen.mixed)
-    if dtype is not None and fmt is not compute:
+    if dtype is not None and chosen.mixed and compute.bits == 16 and fmt.bits == 16:
+        # 16-bit compute is precision's to name; a 16-bit dtype beside it would be the
+        # dtype the model is loaded in, which '-mixed' (fp32 master weights) contradicts
+        raise ValueError(
+            f"dtype={fmt.value!r} beside precision={chosen.value!r} reads two ways: the "
+            f"compute dtype, which precision already names, or the dtype the model is loaded "
+            f"in. Pass base_dtype={fmt.value!r} for a LoRA base loaded in {fmt.value} (PEFT "
+            f"keeps the adapters fp32 under autocast), precision='{fmt.value}-true' for a "
+            f"model held in {fmt.value}, or precision={chosen.value!r} alone for fp32 master "
+            "weights"
+        )
+    held = DType.FP32 if chosen.mixed else compute  # the master weights' dtype
+    if dtype is not None and fmt is not compute and fmt is not held:
         raise ValueError(
             f"dtype={fmt.value!r} contradicts precision={chosen.value!r}, which computes "
             f"in {compute.value}; pass only precision=, or dtype= alone"

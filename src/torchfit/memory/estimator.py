@@ -40,10 +40,14 @@ from torchfit.memory.catalog.resolve import (
 )
 from torchfit.memory.knobs import (
     ESTIMATE_RULES,
+    check_base_dtype,
     check_generation,
+    kbit_prepare_of,
     loop_of,
     lora_of,
+    quantization_of,
     refuse_for_meta_pass,
+    with_compute,
 )
 from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.modules.peak import estimate_module
@@ -83,10 +87,12 @@ def estimate(
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
     bitsandbytes_version: str | None = None,
-    double_quant: bool = True,
+    double_quant: bool | None = None,
     quantize_head: bool = False,
     base_dtype: str | DType | None = None,
     max_new_tokens: int | None = None,
+    kbit_prepare: bool | None = None,
+    quantization: Any = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one training or inference step.
 
@@ -101,8 +107,13 @@ def estimate(
         seq_len: Tokens per sample (transformers; defaults to the model's maximum).
         input_shape: Shape of one sample for non-transformer models, e.g. ``(3, 224, 224)``.
         dtype: Compute dtype (``"fp32"``, the default, ``"bf16"``, ``"fp16"``); ``"int8"``/
-            ``"int4"``/``"nf4"`` quantize the block weights (inference, or training
-            adapters only; they compute in bf16 unless ``precision`` says otherwise).
+            ``"int4"``/``"nf4"``/``"fp4"`` quantize the block weights (inference, or
+            training adapters only; they compute in bf16 unless ``precision`` says
+            otherwise: ``"32-true"`` is bitsandbytes' fp32 compute dtype without autocast).
+            Beside ``precision`` it may only name how the weights are held (``"fp32"`` under
+            ``"*-mixed"``, the compute dtype under ``"*-true"``) or a quantized base: a
+            16-bit ``dtype`` with ``"bf16-mixed"`` is refused, since it would also read as
+            the dtype the model is loaded in (``base_dtype`` says that for a LoRA base).
         mode: ``"train"`` or ``"inference"``.
         optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``, ``"adamw-8bit"``,
             ``"paged-adamw-8bit"``, ``"paged-adamw"``, ``"lion"``, ``"adafactor"`` or
@@ -153,8 +164,8 @@ def estimate(
         bitsandbytes_version: The bitsandbytes a 4-bit QLoRA run uses (default: the
             installed one): before 0.43.2 every 4-bit Linear kept its input for backward.
         double_quant: With a 4-bit ``dtype``: the absmax values quantized again
-            (``bnb_4bit_use_double_quant``, torchfit.quantize's default); ``False``: one
-            fp32 absmax per 64 weights.
+            (``bnb_4bit_use_double_quant``, torchfit.quantize's default, and the default
+            here); ``False``: one fp32 absmax per 64 weights.
         quantize_head: The output head is quantized too (transformers keeps it in 16 bits
             unless your skip list leaves it out); not possible for a tied head.
         base_dtype: The dtype a frozen base (LoRA under mixed precision) is held in.
@@ -165,13 +176,30 @@ def estimate(
             (``from_pretrained(dtype=...)``; ``"fp16"`` for Lightning Fabric's
             ``BitsandbytesPrecision``, and bitsandbytes before 0.43 uses fp16 anyway).
             Default there: the compute dtype.
+        quantization: A ``transformers.BitsAndBytesConfig`` (or its dict), as passed to
+            ``from_pretrained(quantization_config=...)``, instead of ``dtype``/
+            ``double_quant``/``quantize_head``: its 4/8-bit format, double quantization,
+            ``llm_int8_skip_modules`` (the head only) and ``bnb_4bit_compute_dtype`` (the
+            compute dtype when no ``precision`` says autocast: transformers' default
+            float32 trains the whole step in fp32). See `torchfit._bnb.config` for the
+            fields read and those left out knowingly.
+        kbit_prepare: With a 4/8-bit ``dtype`` in training: the base went through PEFT's
+            ``prepare_model_for_kbit_training`` before ``get_peft_model``, as in Hugging
+            Face's QLoRA notebook and TRL's ``SFTTrainer``: its embeddings, norms and head
+            are fp32, so are the residual stream and the quantized Linears' outputs, and
+            under autocast the fp32 head's 16-bit copy is kept for backward. Default: on,
+            unless the model itself is 16-bit (``precision='bf16-true'``); ``False`` for
+            recipes that call ``get_peft_model`` on the loaded 4-bit model directly (the
+            rest then stays in the dtype it was loaded in). The recipe also turns on
+            gradient checkpointing by default: pass ``gradient_checkpointing=True`` for it.
 
     Returns:
         A `MemoryEstimate` with per-block rows in ``layers`` and the rules in ``notes``.
 
     Raises:
         ValueError: bad sizes, ``seq_len`` beyond the model's positions, an unknown name
-            (or a Hub id that could not be read: offline, gated), optimizer or dtype.
+            (or a Hub id that could not be read: offline, gated), optimizer or dtype;
+            ``kbit_prepare`` without a quantized training step.
         TypeError: ``model`` is not a name, path, config or module.
 
     Example:
@@ -184,7 +212,11 @@ def estimate(
     """
     if device not in _DEVICES:
         raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
+    dtype, double_quant, quantize_head, bnb_compute = quantization_of(
+        quantization, dtype=dtype, double_quant=double_quant, quantize_head=quantize_head
+    )
     numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed_precision)
+    numerics = with_compute(numerics, bnb_compute, precision=precision)
     loop = loop_of(
         gradient_accumulation_steps,
         set_to_none=set_to_none,
@@ -194,7 +226,22 @@ def estimate(
     )
     check_generation(max_new_tokens, mode=mode, use_cache=use_cache)
     dtype, mixed_precision = numerics.weights, numerics.mixed
+    prepared = kbit_prepare_of(
+        given=kbit_prepare,
+        weights=dtype,
+        mode=mode,
+        mixed=mixed_precision,
+        compute=numerics.compute,
+    )
     wants_lora = any(v is not None for v in (lora, lora_rank, lora_targets, lora_dropout))
+    check_base_dtype(
+        base_dtype,
+        weights=dtype,
+        compute=numerics.compute,
+        mode=mode,
+        mixed=mixed_precision,
+        frozen=wants_lora or trainable_params is not None or bool(frozen_base),
+    )
     resolved = resolve_model(model)
     options: dict[str, Any] = {
         "batch_size": batch_size,
@@ -251,6 +298,7 @@ def estimate(
             quantize_head=quantize_head,
             base_dtype=_base_dtype(config, base_dtype, quantized=dtype.is_quantized),
             new_tokens=max_new_tokens,
+            kbit_prepare=prepared,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):
@@ -287,6 +335,7 @@ def estimate(
             head=quantize_head,
             bitsandbytes_version=bitsandbytes_version,
             base_dtype=_base_dtype(config, base_dtype, quantized=True),
+            kbit_prepare=prepared,
             loss_chunk=loss_chunk_size,
             new_tokens=max_new_tokens,
             **{**options, "dtype": numerics.compute},

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from torchfit._bnb.config import read_bitsandbytes_config
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
-from torchfit._core.step import Loop, Mode, parse_mode
+from torchfit._core.step import Loop, Mode, Numerics, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
-from torchfit.memory.analytic.lora import LoraSetup, lora_setup
+from torchfit.memory.analytic.lora import LoraSetup
+from torchfit.memory.analytic.loraconfig import lora_setup
 
 __all__ = [
     "ESTIMATE_RULES",
+    "check_base_dtype",
     "check_generation",
+    "kbit_prepare_of",
+    "quantization_of",
+    "with_compute",
     "lora_of",
     "loop_of",
     "parse_base_dtype",
@@ -132,3 +139,160 @@ def check_generation(new_tokens: int | None, *, mode: str, use_cache: bool | Non
             f"max_new_tokens={new_tokens} generates with a KV cache, but use_cache=False; "
             "drop use_cache=False (generate always caches here) or leave max_new_tokens out"
         )
+
+
+def kbit_prepare_of(
+    *, given: bool | None, weights: DType, mode: str, mixed: bool | None, compute: DType
+) -> bool:
+    """Whether a quantized base trains as ``peft.prepare_model_for_kbit_training`` leaves it.
+
+    Default: yes for a 4/8-bit ``dtype`` in training (PEFT's QLoRA recipe), unless the
+    model itself is 16-bit (``precision='bf16-true'``, ``mixed_precision=False``), which
+    converts every parameter and so undoes the recipe's fp32 casts. Given explicitly, it
+    must describe a quantized training step.
+
+    Raises:
+        ValueError: ``kbit_prepare`` with an unquantized ``dtype``, for inference, or
+            ``True`` with a 16-bit model; the message names the right spelling.
+
+    Example:
+        >>> nf4, bf16 = DType.NF4, DType.BF16
+        >>> kbit_prepare_of(given=None, weights=nf4, mode="train", mixed=None, compute=bf16)
+        True
+        >>> kbit_prepare_of(given=None, weights=nf4, mode="train", mixed=False, compute=bf16)
+        False
+    """
+    training = parse_mode(mode) is Mode.TRAIN
+    pure_16bit = mixed is False and compute.bits == 16
+    if given is None:
+        return weights.is_quantized and training and not pure_16bit
+    if not weights.is_quantized:
+        raise ValueError(
+            f"kbit_prepare={given} describes peft.prepare_model_for_kbit_training of a 4/8-bit "
+            f"base, but dtype={weights.value!r} is not quantized; pass dtype='nf4' (or 'fp4', "
+            "'int8'), or leave kbit_prepare out"
+        )
+    if not training:
+        raise ValueError(
+            f"kbit_prepare={given} describes a training run, but mode={mode!r}; leave "
+            "kbit_prepare out for inference"
+        )
+    if given and pure_16bit:
+        raise ValueError(
+            f"kbit_prepare=True keeps the base's embeddings, norms and head in fp32, but a "
+            f"{compute.value} model without autocast (precision='{compute.value}-true' or "
+            "mixed_precision=False) converts them to 16 bits; pass precision='bf16-mixed' "
+            "(autocast, PEFT's recipe) or kbit_prepare=False"
+        )
+    return given
+
+
+def check_base_dtype(
+    base: str | DType | None,
+    *,
+    weights: DType,
+    compute: DType,
+    mode: str,
+    mixed: bool | None,
+    frozen: bool,
+) -> None:
+    """Refuse a ``base_dtype`` that the step would ignore or contradict.
+
+    It names a frozen base's dtype (LoRA, ``trainable_params``/``frozen_base``) under
+    autocast, or the dtype a quantized base was quantized from. A model that trains
+    whole, an unquantized model at inference, and a model converted to 16 bits
+    (``*-true``) have their dtype from ``precision``/``dtype`` alone.
+
+    Raises:
+        ValueError: the message names the spelling that says it.
+
+    Example:
+        >>> check_base_dtype("bf16", weights=DType.FP32, compute=DType.FP32, mode="train",
+        ...                  mixed=None, frozen=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: base_dtype='bf16' is the dtype of a frozen base (LoRA: lora=, ...
+    """
+    if base is None or weights.is_quantized:
+        return
+    given = parse_dtype(base)
+    if parse_mode(mode) is not Mode.TRAIN:
+        raise ValueError(
+            f"base_dtype={given.value!r} has no effect on inference of an unquantized model: "
+            f"pass dtype={given.value!r} (the weights' dtype) instead"
+        )
+    if not frozen:
+        raise ValueError(
+            f"base_dtype={given.value!r} is the dtype of a frozen base (LoRA: lora=, "
+            "lora_rank=/lora_targets=, or trainable_params=), but the whole model trains; "
+            "precision= (or dtype=) names its dtype"
+        )
+    autocast = compute.bits == 16 if mixed is None else mixed
+    if not autocast and given is not compute:
+        raise ValueError(
+            f"base_dtype={given.value!r}, but without autocast the whole model computes in "
+            f"{compute.value} (precision='{compute.value}-true' converts it); pass "
+            f"precision='bf16-mixed' (autocast, as Trainer(bf16=True) runs it) for a "
+            f"{given.value} base, or leave base_dtype out"
+        )
+
+
+def quantization_of(
+    quantization: Any,
+    *,
+    dtype: str | DType | None,
+    double_quant: bool | None,
+    quantize_head: bool,
+) -> tuple[str | DType | None, bool, bool, DType | None]:
+    """``(dtype, double_quant, quantize_head, compute)`` with a ``BitsAndBytesConfig`` read in.
+
+    Without ``quantization`` the arguments stand (double quantization on by default for
+    4 bits) and ``compute`` is None. With one, it names the format, the double
+    quantization, whether the head is quantized and ``bnb_4bit_compute_dtype``
+    (`torchfit._bnb.config`); ``dtype`` must then be left out, and ``double_quant`` and
+    ``quantize_head`` may only repeat it.
+
+    Raises:
+        ValueError: an argument names again, differently, what the config says.
+    """
+    if quantization is None:
+        return dtype, True if double_quant is None else double_quant, quantize_head, None
+    found = read_bitsandbytes_config(quantization)
+    if dtype is not None:
+        raise ValueError(
+            f"quantization= names the weights ({found.weights.value}) and dtype={dtype!r} "
+            "would name them again; leave dtype out (base_dtype= names the dtype the "
+            "checkpoint is loaded in, precision= the autocast)"
+        )
+    if double_quant is not None and double_quant != found.double_quant:
+        raise ValueError(
+            f"double_quant={double_quant} contradicts the config's bnb_4bit_use_double_quant="
+            f"{found.double_quant}; leave double_quant out"
+        )
+    if quantize_head and not found.quantize_head:
+        raise ValueError(
+            "quantize_head=True, but the config's llm_int8_skip_modules keeps the head "
+            "unquantized (transformers' default); pass llm_int8_skip_modules=[] in the config, "
+            "or leave quantize_head out"
+        )
+    return found.weights, found.double_quant, found.quantize_head, found.compute
+
+
+def with_compute(numerics: Numerics, compute: DType | None, *, precision: str | None) -> Numerics:
+    """``numerics`` computing in a config's ``bnb_4bit_compute_dtype`` when no precision says.
+
+    With ``precision``, autocast decides the matmuls' dtype (bitsandbytes' ``F.linear``
+    runs inside it), so the config's compute dtype changes nothing the estimate counts.
+
+    Raises:
+        ValueError: ``mixed_precision=True`` with an fp32 compute dtype.
+    """
+    if compute is None or precision is not None:
+        return numerics
+    if numerics.mixed and compute.bits != 16:
+        raise ValueError(
+            "mixed_precision=True autocasts to a 16-bit dtype, but bnb_4bit_compute_dtype is "
+            "float32; pass precision='bf16-mixed' (autocast over the fp32 compute dtype), or "
+            "leave mixed_precision out"
+        )
+    return dataclasses.replace(numerics, compute=compute)

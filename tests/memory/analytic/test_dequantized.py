@@ -34,15 +34,28 @@ def test_the_largest_block_linear_or_the_head_is_dequantized_in_the_compute_dtyp
     assert dequantized_bytes(quantized_shapes(spec, head=True), DType.BF16) == 4000 * 256 * 2
 
 
-@pytest.mark.parametrize("mode", ["train", "inference"])
-def test_a_quantized_head_adds_its_dequantized_copy_to_the_cuda_peak(mode):
+def test_a_quantized_head_adds_its_dequantized_copy_to_the_cuda_inference_peak():
     config = transformers.LlamaConfig(**CONFIG)
-    common = dict(batch_size=2, seq_len=64, dtype="nf4", device="cuda", mode=mode)
+    common = dict(batch_size=2, seq_len=64, dtype="nf4", device="cuda", mode="inference")
     kept = estimate(config, **common)
     quantized = estimate(config, quantize_head=True, **common)
     # the head's bytes move from bf16 to nf4, and the larger weight is dequantized now
     transient = (4000 - 688) * 256 * 2
     assert (quantized.total - kept.total) - (quantized.weights - kept.weights) == transient
+    assert any("dequantizes one 4-bit weight" in note for note in quantized.notes)
+
+
+def test_a_training_step_dequantizes_in_a_linear_backward_not_at_the_loss():
+    # backward dequantizes a 4-bit weight inside that Linear's backward, after the loss's
+    # logits-sized gradients are gone: at a loss-bound peak (here) it adds nothing. The
+    # kept head is fp32 (prepare_model_for_kbit_training) with a bf16 autocast copy alive
+    # at the loss; the quantized head has neither.
+    config = transformers.LlamaConfig(**CONFIG)
+    common = dict(batch_size=2, seq_len=64, dtype="nf4", device="cuda")
+    kept = estimate(config, **common)
+    quantized = estimate(config, quantize_head=True, **common)
+    head_copy = 4000 * 256 * 2
+    assert kept.total - quantized.total == kept.weights - quantized.weights + head_copy
     assert any("dequantizes one 4-bit weight" in note for note in quantized.notes)
 
 
@@ -87,7 +100,9 @@ def test_the_bytes_per_weight_follow_the_version_rows_and_dtypes(
 
 @pytest.mark.parametrize("mode", ["train", "inference"])
 def test_a_base_quantized_from_fp16_adds_an_fp16_copy_of_the_largest_weight(mode):
-    config = transformers.LlamaConfig(**CONFIG)
+    # a small vocabulary: the top block's backward, where a 4-bit Linear dequantizes its
+    # weight, is the training peak rather than the loss's logits-sized gradients
+    config = transformers.LlamaConfig(**{**CONFIG, "vocab_size": 256})
     common = dict(
         batch_size=2,
         seq_len=64,

@@ -198,6 +198,23 @@ def test_attention_dropout_sdpa_falls_back_on_cpu_only():
     assert attention_bytes(**{**kw, "dropout": 0.0}, device="cpu") == cuda
 
 
+@pytest.mark.parametrize(
+    ("dtype", "kv_heads", "square"),
+    [
+        ("fp32", 2, True),  # flash takes 16 bits only, memory-efficient no grouped heads: math
+        ("fp32", 8, False),  # memory-efficient
+        ("bf16", 2, False),  # flash takes grouped heads
+    ],
+)
+def test_cuda_sdpa_in_fp32_with_grouped_heads_takes_the_math_path(dtype, kv_heads, square):
+    kw = dict(batch_size=1, seq_len=512, num_heads=8, head_dim=32, training=True, device="cuda")
+    found = attention_bytes(dtype=dtype, num_kv_heads=kv_heads, **kw)
+    probabilities = 8 * 512 * 512 * 4
+    assert (found > probabilities) is square
+    cpu = attention_bytes(dtype=dtype, num_kv_heads=kv_heads, **{**kw, "device": "cpu"})
+    assert cpu < probabilities  # the CPU flash kernel takes grouped heads in any dtype
+
+
 def test_attention_rejects_bad_input():
     with pytest.raises(ValueError, match="'eager', 'sdpa' or 'flash'"):
         attention_bytes(batch_size=1, seq_len=1, num_heads=1, head_dim=1, implementation="xla")

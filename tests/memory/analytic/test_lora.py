@@ -5,7 +5,8 @@ import torch
 
 from torchfit.memory import estimate, measure_step, to_device, trace
 from torchfit.memory.analytic.arch import describe
-from torchfit.memory.analytic.lora import lora_parameters, lora_setup
+from torchfit.memory.analytic.lora import lora_parameters
+from torchfit.memory.analytic.loraconfig import lora_setup
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -185,3 +186,122 @@ def test_a_quantized_head_and_the_loading_cache_note():
     with pytest.raises(ValueError, match="tied"):
         estimate(config, quantize_head=True, **common)
     assert any("empty_cache" in note for note in to_device(kept, gpu="RTX 4090").notes)
+
+
+# --- every LoraConfig field that changes memory -------------------------------------------
+
+
+def _qwen2():
+    config = transformers.Qwen2Config(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    return config, transformers.Qwen2ForCausalLM(config)
+
+
+FIELDS = [
+    ("llama", dict(target_modules="all-linear", rank_pattern={"q_proj": 4, "down_proj": 16})),
+    ("llama", dict(target_modules=["q_proj", "v_proj"], lora_bias=True)),
+    ("llama", dict(target_modules=["q_proj", "v_proj"], use_dora=True)),
+    ("llama", dict(target_modules="all-linear", exclude_modules=["k_proj", "gate_proj"])),
+    ("llama", dict(target_modules=r".*\.(q_proj|o_proj)")),
+    ("llama", dict(target_modules=["q_proj"], modules_to_save=["lm_head"])),
+    ("llama", dict(target_modules=["q_proj"], modules_to_save=["embed_tokens"])),
+    ("qwen2", dict(target_modules=["q_proj", "o_proj"], bias="lora_only")),
+    ("qwen2", dict(target_modules=["q_proj"], bias="all")),
+    ("gpt2", dict(target_modules=["c_attn"], bias="all", fan_in_fan_out=True)),
+    ("gpt2", dict(target_modules=["c_fc"], bias="lora_only", fan_in_fan_out=True)),
+    ("bert", dict(target_modules=["query", "value"], bias="all")),
+]
+
+
+def _family(family):
+    return _qwen2() if family == "qwen2" else _model(family)
+
+
+LORA_BIAS = "ignore:`lora_bias=True` was passed:UserWarning"
+
+
+@pytest.mark.filterwarnings(LORA_BIAS)
+@pytest.mark.parametrize(("family", "fields"), FIELDS)
+def test_every_field_trains_what_peft_trains(family, fields):
+    config, model = _family(family)
+    lora = peft.LoraConfig(r=8, **fields)
+    real = peft.get_peft_model(model, lora)
+    trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert lora_parameters(describe(config), lora_setup(describe(config), lora=lora)) == trains
+
+
+@pytest.mark.filterwarnings(LORA_BIAS)
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(target_modules=["q_proj", "v_proj"], use_dora=True),
+        dict(target_modules=["q_proj", "v_proj"], use_dora=True, lora_dropout=0.1),
+        dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+        dict(target_modules="all-linear", rank_pattern={"down_proj": 32}, lora_bias=True),
+    ],
+)
+def test_a_step_with_those_fields_against_the_real_peft_step(fields):
+    config, model = _model("llama")
+    lora = peft.LoraConfig(r=8, **fields)
+    real = peft.get_peft_model(model, lora)
+    ids = torch.randint(0, VOCAB, (4, 128))
+    inputs = {"input_ids": ids, "labels": ids}
+    measured = measure_step(real, inputs, device="cpu").peak
+    predicted = estimate(config, batch_size=4, seq_len=128, device="cpu", lora=lora).total
+    error = (predicted - measured) / measured
+    assert abs(error) <= 0.04, f"{error:+.1%}"
+
+
+def test_dora_keeps_both_outputs_and_a_saved_head_trains():
+    config, _ = _model("llama")
+    common = dict(batch_size=4, seq_len=128, device="cpu")
+    plain = estimate(config, lora=peft.LoraConfig(r=8, target_modules=["q_proj"]), **common)
+    dora = estimate(
+        config, lora=peft.LoraConfig(r=8, target_modules=["q_proj"], use_dora=True), **common
+    )
+    q_out = 128  # hidden
+    assert dora.activations - plain.activations == 3 * 4 * 128 * 2 * q_out * 4  # fp32
+    saved = estimate(
+        config,
+        lora=peft.LoraConfig(r=8, target_modules=["q_proj"], modules_to_save=["lm_head"]),
+        **common,
+    )
+    head = VOCAB * 128
+    assert saved.weights - plain.weights == head * 4  # the copy beside the frozen original
+    assert any("modules_to_save" in note for note in saved.notes)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(target_modules=["q_proj"], layers_to_transform=[0]), "layers_to_transform"),
+        (dict(target_modules=["q_proj"], inference_mode=True), "freezes the adapters"),
+        (dict(target_modules=r".*layers\.0\.self_attn\.q_proj"), "in some layers only"),
+        (
+            dict(target_modules=["q_proj"], rank_pattern={r"layers\.1\.self_attn\.q_proj": 4}),
+            "in some layers only",
+        ),
+        (dict(target_modules=r".*\.nothing"), "matches no Linear"),
+        (dict(target_modules=["q_proj"], modules_to_save=["norm"]), "modules_to_save names"),
+        (dict(target_modules=["q_proj"], bias="some"), "bias must be"),
+    ],
+)
+def test_fields_the_closed_form_cannot_model_are_named(fields, message):
+    config, _ = _model("llama")
+    with pytest.raises(ValueError, match=message):
+        estimate(config, batch_size=1, seq_len=16, lora=peft.LoraConfig(r=8, **fields))
+
+
+def test_dora_over_a_4_bit_base_is_refused():
+    config, _ = _model("llama")
+    lora = peft.LoraConfig(r=8, target_modules=["q_proj"], use_dora=True)
+    with pytest.raises(ValueError, match="use_dora=True over a nf4 base"):
+        estimate(config, batch_size=1, seq_len=16, dtype="nf4", lora=lora)

@@ -63,7 +63,7 @@ def test_the_cuda_version_and_a_measured_context_reach_the_plan():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(precision="32", dtype="nf4"), "computes in 16 bits"),
+        (dict(precision="32", dtype="bf16"), "contradicts precision='32-true'"),
         (dict(precision="bf16-true", dtype="fp16"), "contradicts precision"),
         (dict(precision="fp8-true"), "unknown precision 'fp8-true'"),
         (
@@ -108,11 +108,11 @@ def test_the_command_line_takes_the_same_settings(capsys):
 
 
 def test_the_command_line_refuses_contradictions_in_one_line(capsys):
-    code = main(["plan", "gpt2", "--gpu", "RTX 3060", "--precision", "32", "--dtype", "nf4"])
+    code = main(["plan", "gpt2", "--gpu", "RTX 3060", "--precision", "32", "--dtype", "bf16"])
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1
-    assert "computes in 16 bits" in err
+    assert "contradicts precision='32-true'" in err
 
 
 def test_a_training_plan_says_what_it_does_not_model():

@@ -104,6 +104,31 @@ def test_gradient_checkpointing_traces_for_cuda(family):
     assert torch.nn.functional.scaled_dot_product_attention is sdpa  # restored
 
 
+def test_cuda_sdpa_in_fp32_with_grouped_heads_traces_the_math_path():
+    # CUDA's flash kernel takes 16 bits only and its memory-efficient one no grouped heads,
+    # so transformers' enable_gqa=True in fp32 leaves the math path, s x s probabilities saved
+    def traced(kv_heads, dtype):
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            vocab_size=VOCAB,
+            max_position_embeddings=512,
+        )
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+        ids = torch.randint(0, VOCAB, (2, 512))
+        return trace(model, {"input_ids": ids, "labels": ids}, device="cuda", optimizer="sgd")
+
+    grouped, plain = traced(2, torch.float32), traced(4, torch.float32)
+    assert grouped.total - plain.total > 2 * 4 * 512 * 512 * 4  # the probabilities
+    assert any("left on the math" in note for note in grouped.notes)
+    assert not any("left on the math" in note for note in plain.notes)
+    assert not any("left on the math" in note for note in traced(2, torch.bfloat16).notes)
+
+
 def test_an_fp32_mixture_of_experts_traces_exactly():
     # transformers runs experts with grouped_mm, whose fake kernel demands bf16 on CPU;
     # the trace takes transformers' own fallback op, which allocates the same tensors

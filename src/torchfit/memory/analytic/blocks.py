@@ -52,6 +52,13 @@ class BlockSettings:
     the normalized input an RMSNorm multiplies by its weight and the LM head's input
     (an adapter on every block Linear still saves those Linears' inputs). Measured on a
     4-layer Llama, bf16, rank-8 adapters: 9.7% over before, see tests/quantize/test_quantize.py.
+
+    ``fp32_stream``: the embeddings and norms hold fp32 weights (autocast over fp32 weights,
+    or a 4-bit base through PEFT's ``prepare_model_for_kbit_training``), so the residual
+    stream and every norm's output are fp32. ``fp32_linear_outputs``: the block Linears
+    give their input's dtype back (bitsandbytes' ``Linear4bit.forward`` ends with
+    ``.to(inp_dtype)``), so over an fp32 stream the MLP's intermediates are fp32 too.
+    ``head_trains``: over a frozen base, the head trains anyway (a ``modules_to_save`` copy).
     """
 
     dtype: DType
@@ -62,6 +69,9 @@ class BlockSettings:
     autocast: bool = False
     lora: LoraSetup | None = None
     inputs_kept: bool = False
+    fp32_stream: bool = False
+    fp32_linear_outputs: bool = False
+    head_trains: bool = False
 
     def keeps_input(self, *roles: str) -> bool:
         """Whether a Linear of these roles keeps its input for backward.
@@ -79,38 +89,47 @@ class BlockSettings:
     def input_copies(self, *roles: str) -> int:
         """How many copies of one input the Linears of ``roles`` keep.
 
-        They share their input, so one copy, except under autocast: autocast caches the
-        16-bit casts of weights only, so every Linear casts the shared fp32 input again
-        and keeps its own copy (measured with the tracer: q, k and v keep three).
+        They share their input, so one copy, except over an fp32 stream under autocast:
+        autocast caches the 16-bit casts of weights only, so every Linear (or its adapter's
+        ``lora_A``) casts the shared fp32 input again and keeps its own copy (measured with
+        the tracer: q, k and v keep three).
         """
         kept = [role for role in roles if self.keeps_input(role)]
         if not kept:
             return 0
-        return len(kept) if self.autocast else 1
+        return len(kept) if self.fp32_stream and self.autocast else 1
 
     def adapter_terms(self, spec: TransformerSpec) -> list[Term]:
         """What each adapter keeps: ``lora_B``'s input, and with dropout a mask and a copy."""
         roles = set() if self.lora is None else self.lora.roles & BLOCK_ROLES
         if not self.frozen_base or self.lora is None or not roles:
             return []
-        e, r = self.dtype.itemsize, self.lora.rank
-        inputs = {role: shape[0] for role, shape in role_shapes(spec).items()}
-        count = len(roles)
-        terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", count * r * e)]
-        if self.lora.dropout > 0:
+        e, lora = self.dtype.itemsize, self.lora
+        shapes = role_shapes(spec)
+        count, ranks = len(roles), sum(lora.rank_of(role) for role in roles)
+        terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", ranks * e)]
+        if lora.dropout > 0:
             mask = dropout_mask_bytes(self.dtype, self.device)
-            width = sum(inputs[role] for role in roles)
+            width = sum(shapes[role][0] for role in roles)
             terms.append(Term("LoRA dropout: masks and dropped inputs", width * (mask + e)))
+        if lora.dora:  # (m - 1) * base_result + m * lora_result keeps both outputs
+            outputs = sum(shapes[role][1] for role in roles)
+            terms.append(Term("DoRA: the base's and the adapter's outputs", 2 * outputs * e))
         return terms
 
     @property
     def residual(self) -> float:
-        """Bytes per element of the residual stream: fp32 under autocast.
+        """Bytes per element of the residual stream: fp32 over fp32 embeddings and norms.
 
         With fp32 weights the embeddings are fp32 and each block adds its 16-bit output
         to them, which promotes the sum back to fp32; the norms read that fp32 stream.
         """
-        return FP32 if self.autocast else self.dtype.itemsize
+        return FP32 if self.fp32_stream else self.dtype.itemsize
+
+    @property
+    def mlp_itemsize(self) -> float:
+        """Bytes per element of the MLP's projections and activation (`fp32_linear_outputs`)."""
+        return FP32 if self.fp32_stream and self.fp32_linear_outputs else self.dtype.itemsize
 
 
 def _dropout(spec_p: float, s: BlockSettings) -> float:
@@ -179,7 +198,7 @@ def _activation(spec: TransformerSpec, s: BlockSettings) -> float:
     ``pow`` keeps an fp32 copy of its input, ``tanh`` its fp32 output, the last ``mul``
     the 16-bit ``0.5 * x`` and the fp32 ``1 + tanh`` (measured with a CUDA-target trace).
     """
-    e, i = s.dtype.itemsize, spec.intermediate
+    e, i = s.mlp_itemsize, spec.intermediate
     if spec.activation == "gelu_new" and s.autocast and s.device == "cuda" and e < FP32:
         return (3 * FP32 + e) * i
     return _SAVED_BY_ACTIVATION.get(spec.activation, 1) * i * e
@@ -214,7 +233,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
             Term("o_proj input", h * e if s.keeps_input("o") else 0),
             Term("post-attention RMSNorm", rms),
             Term("gate/up input", s.input_copies("gate", "up") * h * e),
-            Term("SwiGLU: gate, act(gate), up", 3 * i * e),
+            Term("SwiGLU: gate, act(gate), up", 3 * i * s.mlp_itemsize),
             Term("down_proj input (the product)", i * e if s.keeps_input("down") else 0),
             *s.adapter_terms(spec),
         ]
@@ -264,7 +283,8 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
     e, h = s.dtype.itemsize, spec.hidden
     drop = _dropout(spec.dropout, s)
     logits = loss_bytes(spec, s)[0]
-    head_input = 0 if s.frozen_base else h * e  # saved for the head's weight gradient only
+    # saved for the head's weight gradient only
+    head_input = 0 if s.frozen_base and not s.head_trains else h * e
     if spec.family is Family.GPT2:
         return [
             Term("embedding dropout mask", h * drop),

@@ -68,32 +68,52 @@ def dropout_mask_bytes(dtype: DType, device: str) -> float:
     return 1.0 if device == "cuda" else dtype.itemsize
 
 
-def sdpa_is_flash(*, device: str, training: bool, dropout: float) -> bool:
+def sdpa_is_flash(
+    *, device: str, training: bool, dropout: float, fp32_grouped: bool = False
+) -> bool:
     """Whether ``scaled_dot_product_attention`` runs a kernel that keeps O(s) state.
 
     CPU (torch 2.13): the flash kernel ``_scaled_dot_product_flash_attention_for_cpu``
     has no dropout, so training with dropout falls back to the math path, which keeps
     the probabilities and the dropout mask like eager attention (measured here, torch 2.13
     CPU, a 4-layer GPT-2 at batch 4 x seq 256, training: with ``attn_pdrop=0.1`` SDPA
-    peaks exactly like eager; with dropout 0 it peaks 8.3 MB lower).
-    CUDA: flash and memory-efficient kernels support dropout.
+    peaks exactly like eager; with dropout 0 it peaks 8.3 MB lower). It takes grouped
+    key/value heads (``enable_gqa``) in any dtype.
+    CUDA: flash and memory-efficient kernels support dropout, but flash takes fp16/bf16
+    only and the memory-efficient kernel no grouped heads
+    (``check_batch_size_and_num_heads_dense<false>`` in its constraints,
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp). ``fp32_grouped``: fp32
+    attention with fewer key/value heads than query heads, passed with ``enable_gqa=True``
+    (transformers does so without a mask), which leaves CUDA only the math path
+    (measured on an H200: a fp32 Llama-3.2-1B step keeps the s x s probabilities).
     """
-    return device == "cuda" or not (training and dropout > 0)
+    if device == "cuda":
+        return not fp32_grouped
+    return not (training and dropout > 0)
 
 
 def keeps_linear_state(
-    implementation: str | AttentionImpl, *, device: str, training: bool, dropout: float
+    implementation: str | AttentionImpl,
+    *,
+    device: str,
+    training: bool,
+    dropout: float,
+    fp32_grouped: bool = False,
 ) -> bool:
     """Whether this attention keeps O(s) state (flash-style) rather than the s x s matrix.
 
     Example:
         >>> keeps_linear_state("sdpa", device="cpu", training=True, dropout=0.1)
         False
+        >>> keeps_linear_state("sdpa", device="cuda", training=True, dropout=0, fp32_grouped=True)
+        False
     """
     impl = parse_attention(implementation)
     return impl is AttentionImpl.FLASH or (
         impl is AttentionImpl.SDPA
-        and sdpa_is_flash(device=device, training=training, dropout=dropout)
+        and sdpa_is_flash(
+            device=device, training=training, dropout=dropout, fp32_grouped=fp32_grouped
+        )
     )
 
 
@@ -151,7 +171,10 @@ def attention_bytes(
     tokens = batch_size * seq_len
     hidden = num_heads * head_dim
     square = batch_size * num_heads * seq_len * seq_len
-    flash = keeps_linear_state(impl, device=device, training=training, dropout=dropout)
+    grouped = elem == FP32 and kv_heads < num_heads
+    flash = keeps_linear_state(
+        impl, device=device, training=training, dropout=dropout, fp32_grouped=grouped
+    )
     if not training:
         if flash:
             return math.ceil(tokens * hidden * elem)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 
@@ -21,16 +20,16 @@ __all__ = [
     "BLOCK_ROLES",
     "DEFAULT_RANK",
     "DEFAULT_TARGETS",
+    "FAMILY_NAMES",
     "LoraSetup",
-    "lora_from_peft",
     "lora_parameters",
-    "lora_setup",
     "resolve_targets",
     "role_shapes",
+    "saved_parameters",
 ]
 
 #: A family's module names (as PEFT sees their last component) -> roles.
-_NAMES: dict[Family, dict[str, tuple[str, ...]]] = {
+FAMILY_NAMES: dict[Family, dict[str, tuple[str, ...]]] = {
     Family.LLAMA: {
         "q_proj": ("q",),
         "k_proj": ("k",),
@@ -96,7 +95,14 @@ class LoraSetup:
         head: The output head gets one too.
         dropout: ``lora_dropout``: above 0 each adapter keeps a mask and a dropped copy of
             its input; at 0 it keeps the input itself.
-        extra_trainable: Parameters of ``modules_to_save`` that train in full.
+        extra_trainable: Parameters that train beside the adapters: small
+            ``modules_to_save`` (a classifier), trained biases (``bias="all"`` or
+            ``"lora_only"``, ``lora_bias``).
+        ranks: ``rank_pattern``: a rank per role where it differs from ``rank``.
+        dora: ``use_dora``: a trained magnitude per output feature, and the base's and
+            the adapter's outputs kept for it (`torchfit.memory.analytic.loraconfig`).
+        saved: ``modules_to_save`` that are the head (``"head"``) or the input embedding
+            (``"embedding"``): a trainable copy beside the frozen original.
     """
 
     rank: int
@@ -104,6 +110,9 @@ class LoraSetup:
     head: bool = False
     dropout: float = 0.0
     extra_trainable: int = 0
+    ranks: tuple[tuple[str, int], ...] = ()
+    dora: bool = False
+    saved: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         """Refuse a rank below 1 and a dropout outside [0, 1)."""
@@ -111,6 +120,10 @@ class LoraSetup:
             raise ValueError(f"lora_rank must be an int >= 1; got {self.rank!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1); got {self.dropout!r}")
+
+    def rank_of(self, role: str) -> int:
+        """The rank of the adapter on ``role`` (``rank_pattern``, else ``rank``)."""
+        return dict(self.ranks).get(role, self.rank)
 
 
 def resolve_targets(
@@ -128,7 +141,7 @@ def resolve_targets(
         >>> sorted(roles), head
         (['q', 'v'], False)
     """
-    names = _NAMES[spec.family]
+    names = FAMILY_NAMES[spec.family]
     wanted = [targets] if isinstance(targets, str) else list(targets)
     if not wanted:
         raise ValueError(
@@ -184,79 +197,18 @@ def lora_parameters(spec: TransformerSpec, setup: LoraSetup) -> int:
         4194304
     """
     shapes = role_shapes(spec)
-    per_block = sum(setup.rank * sum(shapes[role]) for role in setup.roles - _ONCE)
-    once = sum(setup.rank * sum(shapes[role]) for role in setup.roles & _ONCE)
-    head = setup.rank * (spec.hidden + spec.vocab) if setup.head else 0
-    return spec.num_layers * per_block + once + head + setup.extra_trainable
+    magnitude = 1 if setup.dora else 0  # DoRA: one trained magnitude per output feature
+
+    def adapter(role: str, fan_in: int, fan_out: int) -> int:
+        return setup.rank_of(role) * (fan_in + fan_out) + magnitude * fan_out
+
+    per_block = sum(adapter(role, *shapes[role]) for role in setup.roles - _ONCE)
+    once = sum(adapter(role, *shapes[role]) for role in setup.roles & _ONCE)
+    head = adapter("head", spec.hidden, spec.vocab) if setup.head else 0
+    copies = saved_parameters(spec, setup)
+    return spec.num_layers * per_block + once + head + setup.extra_trainable + copies
 
 
-def lora_from_peft(spec: TransformerSpec, config: Any, *, params_of: dict[str, int]) -> LoraSetup:
-    """A `LoraSetup` from a ``peft.LoraConfig``: r, target_modules, dropout, modules_to_save.
-
-    ``params_of`` gives the parameter count of each module name ``modules_to_save`` may
-    name (``"lm_head"``, ``"embed_tokens"``...).
-    """
-    targets = getattr(config, "target_modules", None)
-    if targets is None:
-        raise ValueError(
-            "the LoraConfig has no target_modules; name them (e.g. ['q_proj', 'v_proj']) or "
-            "use target_modules='all-linear'"
-        )
-    roles, head = resolve_targets(spec, targets)
-    extra = 0
-    for name in getattr(config, "modules_to_save", None) or ():
-        if name not in params_of:
-            known = ", ".join(sorted(params_of))
-            raise ValueError(f"modules_to_save names {name!r}; expected some of: {known}")
-        extra += params_of[name]
-    return LoraSetup(
-        rank=int(config.r),
-        roles=roles,
-        head=head,
-        dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0),
-        extra_trainable=extra,
-    )
-
-
-def lora_setup(
-    spec: TransformerSpec,
-    *,
-    lora: Any = None,
-    rank: int | None = None,
-    targets: str | Iterable[str] | None = None,
-    dropout: float | None = None,
-) -> LoraSetup:
-    """The adapters `estimate` plans: a ``peft.LoraConfig``, a rank and targets, or defaults.
-
-    The defaults are PEFT's for the family: ``r=8`` on q and v (`DEFAULT_TARGETS`).
-
-    Example:
-        >>> from transformers import GPT2Config
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> setup = lora_setup(describe(GPT2Config()))
-        >>> setup.rank, sorted(setup.roles)
-        (8, ['qkv'])
-    """
-    if lora is not None:
-        if rank is not None or targets is not None:
-            raise ValueError(
-                "lora= (a peft.LoraConfig) and lora_rank=/lora_targets= both describe the "
-                "adapters; pass one of them"
-            )
-        params_of = {
-            "lm_head": spec.vocab * spec.hidden,
-            "embed_tokens": spec.vocab * spec.hidden,
-            "wte": spec.vocab * spec.hidden,
-            "score": spec.hidden,
-            "classifier": spec.hidden,
-        }
-        return lora_from_peft(spec, lora, params_of=params_of)
-    roles, head = resolve_targets(
-        spec, DEFAULT_TARGETS[spec.family] if targets is None else targets
-    )
-    return LoraSetup(
-        rank=DEFAULT_RANK if rank is None else rank,
-        roles=roles,
-        head=head,
-        dropout=0.0 if dropout is None else dropout,
-    )
+def saved_parameters(spec: TransformerSpec, setup: LoraSetup) -> int:
+    """Parameters of the head's and the embedding's ``modules_to_save`` copies."""
+    return len(setup.saved & {"head", "embedding"}) * spec.vocab * spec.hidden

@@ -67,12 +67,14 @@ def quantized_weight_bytes(
     *,
     double_quant: bool = True,
     head: bool = False,
+    rest: DType | None = None,
 ) -> int:
     """Total weight bytes with block Linear weights in ``weights`` (int8 or a 4-bit format).
 
     ``head``: the output head is quantized too (it is kept in 16 bits by default:
     transformers' ``get_keys_to_not_convert`` skips it unless ``llm_int8_skip_modules``
-    is set without it).
+    is set without it). ``rest``: the dtype of every other parameter (default
+    ``compute``; fp32 after PEFT's ``prepare_model_for_kbit_training``).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -83,8 +85,9 @@ def quantized_weight_bytes(
     """
     check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
     shapes = quantized_shapes(spec, head=head)
-    rest = spec.num_params - sum(o * i for o, i in shapes)
-    return linear_bytes(shapes, weights, double_quant=double_quant) + int(rest * compute.itemsize)
+    others = spec.num_params - sum(o * i for o, i in shapes)
+    itemsize = (compute if rest is None else rest).itemsize
+    return linear_bytes(shapes, weights, double_quant=double_quant) + int(others * itemsize)
 
 
 def check_quantize_head(weights: DType, *, head: bool, tied: bool) -> None:

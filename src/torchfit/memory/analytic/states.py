@@ -11,14 +11,25 @@ import dataclasses
 import math
 
 from torchfit._bnb.layout import keeps_4bit_input
-from torchfit._core.step import Loop
+from torchfit._core.step import Loop, OptimizerName
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
-from torchfit.memory.analytic.lora import DEFAULT_TARGETS, LoraSetup, lora_parameters, lora_setup
-from torchfit.memory.analytic.model_states import ModelStates
+from torchfit.memory.analytic.lora import (
+    BLOCK_ROLES,
+    DEFAULT_TARGETS,
+    LoraSetup,
+    lora_parameters,
+    role_shapes,
+)
+from torchfit.memory.analytic.loraconfig import lora_setup
+from torchfit.memory.analytic.model_states import ModelStates, model_state_bytes
 
 __all__ = [
     "adapters_for",
+    "check_dora",
+    "dora_recompute_bytes",
+    "dora_weight_copies",
+    "saved_copy_states",
     "chunked_loss_peak",
     "frozen_base_states",
     "inputs_kept",
@@ -106,6 +117,11 @@ def frozen_base_states(
     fp32 (PEFT's ``autocast_adapter_dtype``); autocast casts nothing of the base. With a
     base in fp32 (``base=None`` or fp32) the states stay as mixed precision gives them.
     """
+    if base is None:
+        notes.append(
+            "frozen base in fp32: the config records no dtype; base_dtype='bf16' for a base "
+            "loaded with from_pretrained(dtype=torch.bfloat16)"
+        )
     if base is None or base.bits != 16:
         return states
     frozen = spec.num_params - trainable
@@ -131,8 +147,13 @@ def weight_bytes(
     double_quant: bool,
     notes: list[str],
     head: bool = False,
+    prepared: bool = False,
 ) -> int:
-    """Weight bytes: the model states', or a quantized base plus its adapters."""
+    """Weight bytes: the model states', or a quantized base plus its adapters.
+
+    ``prepared``: PEFT's ``prepare_model_for_kbit_training`` has cast the quantized base's
+    other parameters (embeddings, norms, head) to fp32.
+    """
     from torchfit.memory.analytic.quantized import (  # noqa: PLC0415
         check_quantize_head,
         quantized_weight_bytes,
@@ -142,13 +163,17 @@ def weight_bytes(
         check_quantize_head(weights, head=head, tied=spec.tied_embeddings)
         notes.append(states.note)
         return states.weights
-    held = quantized_weight_bytes(spec, weights, compute, double_quant=double_quant, head=head)
+    rest = DType.FP32 if prepared else compute
+    held = quantized_weight_bytes(
+        spec, weights, compute, double_quant=double_quant, head=head, rest=rest
+    )
     # the adapters, at full precision beside the frozen quantized base
     held += math.ceil(adapters * (4 if mixed else compute.itemsize))
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    why = " (peft.prepare_model_for_kbit_training)" if prepared else ""
     notes.append(
         f"block weights{' and the head' if head else ''} in {weights.value}{nested}; "
-        f"embeddings, norms{'' if head else ', head'} in {compute.value}"
+        f"embeddings, norms{'' if head else ', head'} in {rest.value}{why}"
     )
     if adapters:
         notes.append(f"adapters ({adapters:,} parameters): {states.note}")
@@ -221,3 +246,97 @@ def chunked_loss_peak(
     log_softmax = rows * chunk * vocab * 4  # one chunk's saved fp32 log-softmax
     summed = activations - 2 * log_softmax + math.ceil(3 * head_params * itemsize)
     return max(forward_end, summed)
+
+
+def check_dora(lora: LoraSetup, weights: DType) -> None:
+    """Refuse DoRA over a quantized base: its second matmul keeps dequantized weights.
+
+    With ``lora_dropout`` DoRA runs the base's matmul again on the dropped input with
+    ``dequantize_module_weight(base_layer)`` (peft/tuners/lora/variants.py,
+    ``DoraLinearVariant.forward``; dora.py), and that dequantized copy of every adapted
+    weight is saved for backward: not modelled.
+    """
+    if lora.dora and weights.is_quantized:
+        raise ValueError(
+            f"use_dora=True over a {weights.value} base is not modelled (DoRA dequantizes each "
+            "adapted weight for its own matmul and, with dropout, keeps the copies for "
+            "backward); trace the PEFT model with torchfit.memory.trace"
+        )
+
+
+def dora_weight_copies(
+    states: ModelStates,
+    spec: TransformerSpec,
+    lora: LoraSetup,
+    compute: DType,
+    *,
+    fp32_frozen: bool,
+) -> ModelStates:
+    """DoRA with dropout over an fp32 frozen base under autocast: a second 16-bit weight copy.
+
+    DoRA's own ``F.linear(dropped x, weight)`` casts the frozen fp32 weight again (autocast
+    caches casts of trained leaves only) and saves the copy, beside the one of the base's
+    forward (counted with the autocast copies).
+    """
+    if not (lora.dora and lora.dropout > 0 and fp32_frozen and compute.bits == 16):
+        return states
+    shapes = role_shapes(spec)
+    adapted = spec.num_layers * sum(
+        i * o for r, (i, o) in shapes.items() if r in lora.roles & BLOCK_ROLES
+    )
+    return dataclasses.replace(
+        states, autocast_copies=states.autocast_copies + math.ceil(adapted * compute.itemsize)
+    )
+
+
+def dora_recompute_bytes(spec: TransformerSpec, lora: LoraSetup, compute: DType) -> int:
+    """What DoRA's forward holds for one adapted Linear (a checkpointed block's recompute).
+
+    ``get_lora_weight`` runs the adapter on an identity matrix (``in x in``, then ``in x r``
+    and ``in x out``, in the adapters' fp32), and ``get_weight_norm`` adds it to the weight
+    (``out x in`` in the compute dtype, twice): the largest adapted Linear's.
+    """
+    if not lora.dora:
+        return 0
+    shapes = role_shapes(spec)
+    sizes = [
+        (i * i + i * lora.rank_of(r) + i * o) * 4 + 2 * i * o * compute.itemsize
+        for r, (i, o) in shapes.items()
+        if r in lora.roles & BLOCK_ROLES
+    ]
+    return math.ceil(max(sizes, default=0))
+
+
+def saved_copy_states(
+    states: ModelStates,
+    weights: int,
+    copies: int,
+    held: DType,
+    optimizer: OptimizerName,
+    *,
+    notes: list[str],
+) -> tuple[ModelStates, int]:
+    """``modules_to_save`` copies of the head or embedding: held, trained, stepped in ``held``.
+
+    ``ModulesToSaveWrapper`` trains a ``copy.deepcopy`` of the module beside the frozen
+    original (peft/utils/other.py), so the copy's weights add to the base's, and its
+    gradients and optimizer state are in the dtype it was copied in (no fp32 master).
+    """
+    extra = model_state_bytes(
+        params=copies,
+        trainable=copies,
+        dtype=held,
+        mixed_precision=False,
+        optimizer=optimizer,
+        num_tensors=1,
+    )
+    notes.append(
+        f"modules_to_save: a trained copy of {copies:,} parameters in {held.value} beside the "
+        "frozen original"
+    )
+    states = dataclasses.replace(
+        states,
+        gradients=states.gradients + extra.gradients,
+        optimizer=states.optimizer + extra.optimizer,
+    )
+    return states, weights + extra.weights

@@ -1,42 +1,26 @@
 """The closed-form estimate of a transformer: training and inference peaks, block by block.
 
-The peak of a training step is the larger of two moments (the tests check both):
-
-* the start of backward: weights, optimizer state, every saved activation, and the
-  loss's two logits-sized fp32 gradients;
-* the optimizer step: weights, optimizer state, all gradients, and the optimizer's
-  temporaries (``foreach`` lists on CUDA, one tensor at a time on CPU).
-
-Between the two, activations are freed as gradients appear, so the line between them
-holds no higher point. Inference keeps no activations: weights, the KV cache when the
-model returns one, the logits, and the largest transient of one block.
+`estimate_transformer` puts the model states (weights, gradients, optimizer state, of a
+plain, LoRA or quantized model) together with the block settings, then asks
+`torchfit.memory.analytic.training` for the training peak or
+`torchfit.memory.analytic.inference` for the inference one. Inference keeps no
+activations: weights, the KV cache when the model returns one, the logits, and the
+largest transient of one block.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import (
-    BlockSettings,
-    Term,
-    block_terms,
-    head_terms,
-    loss_bytes,
-    mlp_backward_width,
-)
-from torchfit.memory.analytic.formulas import INT64, parse_attention
+from torchfit.memory.analytic.blocks import BlockSettings
+from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
-from torchfit.memory.analytic.lora import LoraSetup, lora_parameters
-from torchfit.memory.analytic.model_states import ModelStates, model_state_bytes
-from torchfit.memory.analytic.moe import (
-    largest_expert_tensor,
-    moe_backward_width,
-    moe_block_terms,
-)
+from torchfit.memory.analytic.kbit import kbit_head_params
+from torchfit.memory.analytic.lora import LoraSetup, lora_parameters, saved_parameters
+from torchfit.memory.analytic.model_states import model_state_bytes
 from torchfit.memory.analytic.quantized import (
     bitsandbytes_transients,
     quantized_shapes,
@@ -44,15 +28,17 @@ from torchfit.memory.analytic.quantized import (
 )
 from torchfit.memory.analytic.states import (
     adapters_for,
-    chunked_loss_peak,
+    check_dora,
+    dora_recompute_bytes,
+    dora_weight_copies,
     frozen_base_states,
     inputs_kept,
-    kept_gradients,
-    kept_output,
     parameter_shapes,
+    saved_copy_states,
     weight_bytes,
 )
-from torchfit.memory.result import LayerMemory, MemoryEstimate
+from torchfit.memory.analytic.training import elem_of, training_peak
+from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["adapters_only", "elem_of", "estimate_transformer"]
 
@@ -68,33 +54,6 @@ def adapters_only(trainable: int | None, params: int) -> bool:
         (True, False)
     """
     return trainable is not None and trainable * _ADAPTER_SHARE <= params
-
-
-def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure helper
-    """Bytes per parameter element: fp32 master weights under mixed precision."""
-    return compute.master(mixed=mixed).itemsize
-
-
-def _largest_tensor(spec: TransformerSpec) -> int:
-    """Elements of the largest parameter tensor (the embedding or the MLP weight)."""
-    experts = largest_expert_tensor(spec) if spec.moe else 0  # MoE hook
-    return max(
-        spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2, experts
-    )
-
-
-# --- MoE hook: mixture-of-experts blocks swap their MLP terms (analytic/moe.py) ---------
-def _block_terms(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> list[Term]:
-    if spec.moe is not None:
-        return moe_block_terms(spec, seq_len, settings)
-    return block_terms(spec, seq_len, settings)
-
-
-def _mlp_backward_width(spec: TransformerSpec) -> float:
-    return moe_backward_width(spec) if spec.moe is not None else mlp_backward_width(spec)
-
-
-# --- end of the MoE hook (inference: analytic/inference.py) -------------------------------
 
 
 def estimate_transformer(
@@ -122,8 +81,13 @@ def estimate_transformer(
     quantize_head: bool = False,
     base_dtype: DType | None = None,
     new_tokens: int | None = None,
+    kbit_prepare: bool = False,
 ) -> MemoryEstimate:
-    """`estimate` for a `TransformerSpec` (see `estimate` for the arguments)."""
+    """`estimate` for a `TransformerSpec` (see `estimate` for the arguments).
+
+    ``kbit_prepare``: a quantized base trains as PEFT's ``prepare_model_for_kbit_training``
+    leaves it (`torchfit.memory.analytic.kbit`); the caller decides the default.
+    """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"seq_len must be a positive integer; got {seq_len!r}")
     if seq_len > spec.max_positions:
@@ -145,10 +109,15 @@ def estimate_transformer(
     )
     if lora is not None:
         trainable_params, frozen_base = lora_parameters(spec, lora), True
+        check_dora(lora, weights_format)
     trainable = spec.num_params if trainable_params is None else trainable_params
+    copies = saved_parameters(spec, lora) if lora is not None else 0  # modules_to_save
+    adapters = trainable - copies
+    autocast = training and mixed and compute.bits == 16
+    prepared = training and weights_format.is_quantized and kbit_prepare
     states = model_state_bytes(
         params=spec.num_params,
-        trainable=trainable,
+        trainable=adapters,
         dtype=compute,
         mixed_precision=mixed,
         optimizer=opt,
@@ -156,27 +125,43 @@ def estimate_transformer(
         num_tensors=spec.num_tensors if trainable == spec.num_params else 0,
         shapes=parameter_shapes(spec) if trainable == spec.num_params else None,
         # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
-        # save the quantized weight, so autocast keeps 16-bit copies of the adapters only
-        autocast_params=trainable if weights_format.is_quantized else spec.autocast_params,
+        # save the quantized weight, so autocast keeps 16-bit copies of the adapters only,
+        # and of an fp32 head (prepare_model_for_kbit_training's)
+        autocast_params=(
+            adapters + kbit_head_params(spec, prepared=prepared, quantized_head=quantize_head)
+            if weights_format.is_quantized
+            else spec.autocast_params
+        ),
     )
     frozen = training and (
         adapters_only(trainable, spec.num_params) if frozen_base is None else frozen_base
     )
-    if frozen and mixed and not weights_format.is_quantized:
+    frozen_16bit = frozen and mixed and not weights_format.is_quantized
+    if frozen_16bit:
         states = frozen_base_states(
-            states, spec, trainable=trainable, base=base_dtype, compute=compute, notes=notes
+            states, spec, trainable=adapters, base=base_dtype, compute=compute, notes=notes
+        )
+        frozen_16bit = base_dtype is not None and base_dtype.bits == 16
+    if lora is not None and training:
+        states = dora_weight_copies(
+            states, spec, lora, compute, fp32_frozen=autocast and not frozen_16bit
         )
     weights = weight_bytes(
         spec,
         states,
         weights_format,
         compute,
-        adapters=trainable if training else 0,
+        adapters=adapters if training else 0,
         mixed=mixed,
         double_quant=double_quant,
         head=quantize_head,
         notes=notes,
+        prepared=prepared,
     )
+    # modules_to_save: the trained copy, in the dtype of the original it copies
+    held = DType.FP32 if prepared or (mixed and not frozen_16bit) else (base_dtype or compute)
+    if copies and training:
+        states, weights = saved_copy_states(states, weights, copies, held, opt, notes=notes)
 
     settings = BlockSettings(
         dtype=compute,
@@ -184,12 +169,15 @@ def estimate_transformer(
         device=device,
         training=training,
         frozen_base=frozen,
-        autocast=training and mixed and compute.bits == 16,
+        autocast=autocast,
         lora=lora if training else None,
         inputs_kept=inputs_kept(weights_format, bitsandbytes_version, training=training),
+        # fp32 embeddings and norms: autocast over fp32 weights, or a prepared 4-bit base
+        fp32_stream=autocast and not frozen_16bit and (prepared or not weights_format.is_quantized),
+        fp32_linear_outputs=weights_format.is_quantized,
+        head_trains=lora is not None and "head" in lora.saved,
     )
-    if settings.inputs_kept:
-        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    notes += _settings_notes(settings, prepared=prepared, checkpointing=gradient_checkpointing)
     loading, dequantized, decoding = (0, 0, 0)
     if device == "cuda":
         loading, dequantized, decoding = bitsandbytes_transients(
@@ -224,7 +212,7 @@ def estimate_transformer(
             "peak, and evicted to host memory when the GPU runs short"
         )
         states = dataclasses.replace(states, optimizer=0)
-    found = _training_peak(
+    found = training_peak(
         spec,
         settings,
         batch_size=batch_size,
@@ -239,140 +227,21 @@ def estimate_transformer(
         loop=Loop() if loop is None else loop,
         in_backward=optimizer_in_backward,
         loss_chunk=loss_chunk,
-        dequantized=dequantized,
+        dequantized=dequantized
+        + (dora_recompute_bytes(spec, lora, compute) if gradient_checkpointing and lora else 0),
+        head_itemsize=held.itemsize if copies else 0.0,
     )
     return with_loading(found, loading)
 
 
-def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
-    """``start``, noting when a chunked loss's own moment (`chunked_loss_peak`) set it."""
-    if chunked and chunked == start:
-        notes.append("chunked loss: all logit chunks in forward, or the head's gradients summed")
-    return start
-
-
-def _saved(
-    spec: TransformerSpec,
-    settings: BlockSettings,
-    *,
-    tokens: int,
-    seq_len: int,
-    checkpointing: bool,
-) -> tuple[int, int, tuple[LayerMemory, ...]]:
-    """Saved bytes at the loss's backward, at the top block's backward, and per block.
-
-    Under checkpointing the loss's backward runs before any block is recomputed; the top
-    block is recomputed after the loss gradients are freed (its own, later moment).
-    """
-    block = _block_terms(spec, seq_len, settings)
-    per_block = math.ceil(tokens * sum(t.per_token for t in block))
-    head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
-    layers = tuple(
-        LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
-        for k in range(spec.num_layers)
-    )
-    if not checkpointing:
-        return spec.num_layers * per_block + head, spec.num_layers * per_block + head, layers
-    kept = math.ceil(spec.num_layers * tokens * spec.hidden * settings.dtype.itemsize)
-    return kept + head, kept + per_block, layers
-
-
-def _training_peak(
-    spec: TransformerSpec,
-    settings: BlockSettings,
-    *,
-    batch_size: int,
-    seq_len: int,
-    weights: int,
-    states: ModelStates,
-    optimizer: OptimizerName,
-    mixed: bool,
-    trainable: int,
-    gradient_checkpointing: bool,
-    notes: list[str],
-    loop: Loop,
-    in_backward: bool,
-    loss_chunk: int | None,
-    dequantized: int = 0,
-) -> MemoryEstimate:
-    """The larger of the start of backward and the optimizer step (module docstring)."""
-    compute, device, opt = settings.dtype, settings.device, optimizer
-    tokens = batch_size * seq_len
-    activations, recomputing, layers = _saved(
-        spec, settings, tokens=tokens, seq_len=seq_len, checkpointing=gradient_checkpointing
-    )
-    if gradient_checkpointing:
-        notes.append("gradient checkpointing: block inputs kept, one block recomputed")
-    # Start of backward: the loss gradients w.r.t. the log-softmax and the logits
-    # (`loss_bytes`). With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
-    # chunked_cross_entropy) backward makes these gradients one chunk of positions at a time.
-    loss_tokens = tokens if loss_chunk is None else batch_size * min(seq_len, loss_chunk)
-    loss_grads = math.ceil(loss_tokens * loss_bytes(spec, settings)[1])
-    if loss_chunk is not None:
-        notes.append(f"loss in chunks of {loss_chunk} positions: one chunk's logit gradients")
-    # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
-    # and the activation's chain of intermediates gets a gradient each (measured with the
-    # tracer: gelu_new's backward holds about four i-wide tensors at once).
-    mlp_grads = math.ceil(tokens * _mlp_backward_width(spec) * compute.itemsize)
-    # a frozen head (LoRA on the blocks) gets no weight gradient
-    head = 0 if settings.frozen_base else spec.vocab * spec.hidden
-    head_grad = math.ceil(head * elem_of(mixed, compute))
-    backward_start = max(activations + loss_grads, recomputing + head_grad + mlp_grads)
-    chunked = chunked_loss_peak(
-        activations,
-        head_params=head,
-        itemsize=compute.itemsize,
-        rows=batch_size,
-        seq_len=seq_len,
-        chunk=loss_chunk,
-        vocab=spec.vocab,
-        logits_kept=loop.keep_output,
-    )
-    backward_start = _chunked_note(max(backward_start, chunked), chunked, notes)
-    backward_start += dequantized  # the first 4-bit Linear's backward: a 16-bit weight copy
-    backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
-    kept_grads = kept_gradients(loop, states.gradients, notes)
-    # Optimizer step: temporaries of AdamW's update (sqrt of v, then its quotient).
-    elem = elem_of(mixed, compute)
-    if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
-        if device == "cuda":
-            step_temp = math.ceil(trainable * elem)  # foreach: one list the size of all parameters
-            notes.append("optimizer step: foreach temporaries (CUDA default)")
-        else:
-            step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
-            notes.append("optimizer step: one tensor at a time (CPU default)")
-    else:
-        step_temp = 0
-    # End of backward with tied embeddings: the embedding's dense gradient arrives while the
-    # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
-    tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
-    step_temp = max(step_temp, tied_sum)
-    if in_backward:
-        # Each parameter steps as soon as its gradient is accumulated and the gradient is
-        # freed (torchtune's optimizer_in_bwd): no moment holds all gradients, and the
-        # step's temporaries are one tensor's.
-        step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
-        notes.append("optimizer step in backward: one parameter's gradient and update at a time")
-        backward_start = max(backward_start, activations + step_temp)
-    # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
-    # the optimizer step.
-    start = backward_start + kept_grads + states.autocast_copies
-    if in_backward or start >= states.gradients + step_temp:
-        peak_at = "start of backward"
-        act, grads, workspace = activations, kept_grads, backward_start - activations
-        copies = states.autocast_copies
-    else:
-        peak_at = "optimizer step"
-        act, grads, workspace, copies = 0, states.gradients, step_temp, 0
-    return MemoryEstimate(
-        weights=weights,
-        gradients=grads,
-        optimizer=states.optimizer,
-        activations=act,
-        workspace=workspace,
-        overhead=copies + tokens * INT64,
-        device=device,
-        notes=tuple(notes),
-        layers=layers if act else (),
-        peak_at=peak_at,
-    )
+def _settings_notes(settings: BlockSettings, *, prepared: bool, checkpointing: bool) -> list[str]:
+    """What the estimate's notes say of the recipe behind ``settings``."""
+    notes = []
+    if prepared and not checkpointing:
+        notes.append(
+            "prepare_model_for_kbit_training turns gradient checkpointing on unless "
+            "use_gradient_checkpointing=False: pass gradient_checkpointing=True for its default"
+        )
+    if settings.inputs_kept:
+        notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
+    return notes

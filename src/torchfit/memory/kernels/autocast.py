@@ -343,18 +343,26 @@ def cuda_autocast_runs_on_cpu(entered: list[torch.dtype]) -> Iterator[None]:
     ``torch.cuda.amp.autocast``) does nothing but warn that CUDA is missing: the usual
     AMP loop would be traced in fp32. Here it becomes ``torch.autocast("cpu")`` with the
     same dtype (CUDA's default, float16, when none is given), which `cuda_autocast_on_cpu`
-    gives CUDA's op lists. Each dtype entered is appended to ``entered``. Restored on exit.
+    gives CUDA's op lists. Each dtype entered is appended to ``entered``. Code that asks
+    ``torch.is_autocast_enabled()`` (CUDA's, without an argument) is answered for the CPU
+    autocast that stands in: PEFT's 4-bit LoRA layer casts its input to the adapter's
+    dtype only outside autocast (peft/tuners/lora/bnb.py, ``Linear4bit.forward``).
+    Restored on exit.
 
     Example:
         >>> seen = []
         >>> with cuda_autocast_runs_on_cpu(seen), torch.autocast("cuda"):
-        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
-        torch.float16
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype, torch.is_autocast_enabled()
+        (torch.float16, True)
         >>> seen
         [torch.float16]
     """
     autocast = torch.amp.autocast_mode.autocast
     original = autocast.__init__
+    is_enabled = torch.is_autocast_enabled
+
+    def enabled(device_type: str | None = None) -> bool:
+        return is_enabled("cpu" if device_type in {None, "cuda"} else device_type)
 
     def init(
         self: Any,
@@ -371,7 +379,9 @@ def cuda_autocast_runs_on_cpu(entered: list[torch.dtype]) -> Iterator[None]:
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     autocast.__init__ = init  # type: ignore[method-assign]
+    torch.is_autocast_enabled = enabled
     try:
         yield
     finally:
         autocast.__init__ = original  # type: ignore[method-assign]
+        torch.is_autocast_enabled = is_enabled

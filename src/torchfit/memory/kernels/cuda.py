@@ -35,10 +35,11 @@ which differ from the CPU ones that the trace runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from torchfit._core.ledger import CUDA_BLOCK
@@ -62,9 +63,16 @@ def _sdpa_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[st
 class FusedSdpa(TorchFunctionMode):
     """Runs ``scaled_dot_product_attention`` as the fused kernel a GPU would pick."""
 
-    def __init__(self) -> None:
-        """Count the calls routed to the fused ops and those left on the math path."""
+    def __init__(self, fused: Callable[[torch.dtype, bool], bool] | None = None) -> None:
+        """Count the calls routed to the fused ops and those left on the math path.
+
+        ``fused(dtype, grouped)``: whether CUDA has a fused kernel for attention in
+        ``dtype`` (after autocast) with grouped key/value heads passed as such
+        (``enable_gqa``); the estimators' rule is
+        `torchfit.memory.analytic.formulas.sdpa_is_flash`. Default: always.
+        """
         super().__init__()
+        self.fused_for = fused
         self.fused = 0
         self.math = 0
         self.dropouts = 0
@@ -114,13 +122,20 @@ class FusedSdpa(TorchFunctionMode):
     def _sdpa(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``scaled_dot_product_attention`` as the fused kernel, where the GPU would fuse it."""
         bound = _sdpa_arguments(args, kwargs)
-        query = bound["query"]
-        if query.dim() != 4 or query.shape[-1] > _MAX_FUSED_HEAD:
+        query, key, value = bound["query"], bound["key"], bound["value"]
+        autocast = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+        if (
+            query.dim() != 4
+            or query.shape[-1] > _MAX_FUSED_HEAD
+            or not (self.fused_for is None or self.fused_for(dtype, self._grouped(bound)))
+        ):
             self.math += 1
-            return func(*args, **kwargs)
+            # the CPU's own choice could be its flash kernel, which takes any of these
+            with sdpa_kernel(SDPBackend.MATH):
+                return func(*args, **kwargs)
         self.fused += 1
-        key, value = bound["key"], bound["value"]
-        if torch.is_autocast_enabled("cpu"):
+        if autocast:
             # scaled_dot_product_attention is on autocast's lower-precision list; calling
             # the fused op directly skips that rule, so apply it here: the kernel then
             # keeps 16-bit Q, K, V and output, as on the GPU
@@ -138,6 +153,12 @@ class FusedSdpa(TorchFunctionMode):
             scale=bound.get("scale"),
         )
         return output
+
+    @staticmethod
+    def _grouped(bound: Mapping[str, Any]) -> bool:
+        """Fewer key/value heads than query heads, passed as such (``enable_gqa=True``)."""
+        query, key = bound["query"], bound["key"]
+        return bool(bound.get("enable_gqa")) and key.shape[-3] != query.shape[-3]
 
     def _dropout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``F.dropout`` as CUDA runs it: the fused kernel with a bool mask, where it applies."""

@@ -110,10 +110,11 @@ def with_adapters(
         ImportError: peft is not installed.
     """
     peft = require("peft", feature="LoRA on a model without a closed form")
-    if lora is not None and (rank is not None or targets is not None):
+    if lora is not None and (rank is not None or targets is not None or dropout is not None):
         raise ValueError(
-            "lora= (a peft.LoraConfig) and lora_rank=/lora_targets= both describe the "
-            "adapters; pass one of them"
+            "lora= (a peft.LoraConfig) and lora_rank=/lora_targets=/lora_dropout= both "
+            "describe the adapters; pass one of them (the LoraConfig has r, "
+            "target_modules and lora_dropout)"
         )
     if lora is not None:
         lora = copy.deepcopy(lora)  # PEFT fills in fields of the config it is given

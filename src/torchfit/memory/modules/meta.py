@@ -69,7 +69,13 @@ def sdpa_as_on_device(*, device: str, training: bool) -> Iterator[None]:
         scale: float | None = None,
         enable_gqa: bool = False,  # noqa: FBT001, FBT002
     ) -> torch.Tensor:
-        flash = sdpa_is_flash(device=device, training=training, dropout=dropout_p)
+        grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+        flash = sdpa_is_flash(
+            device=device,
+            training=training,
+            dropout=dropout_p,
+            fp32_grouped=grouped and query.dtype == torch.float32,
+        )
         # heads broadcast without enable_gqa (Falcon's multi-query keys), or values of
         # another width than the queries (DeepSeek's latent attention): the CPU flash
         # kernel takes neither and the math path runs (measured on CPU: the probabilities

@@ -144,6 +144,7 @@ def meta_quantized_weight_bytes(
     *,
     double_quant: bool = True,
     head: bool = False,
+    rest: DType | None = None,
 ) -> int:
     """Bytes of ``model``'s parameters once loaded with bitsandbytes ``weights``.
 
@@ -152,12 +153,14 @@ def meta_quantized_weight_bytes(
     closed form counts them. ``_keep_in_fp32_modules`` (T5's ``wo``) stay in ``compute``
     too: transformers 5 skips quantizing them but loads them in the checkpoint's bf16.
     Buffers are not counted (neither are they in the closed form or the 16-bit pass).
+    ``rest``: the dtype of every parameter left unquantized (default ``compute``; fp32
+    after PEFT's ``prepare_model_for_kbit_training``).
     """
     layers = quantized_linears(model, weights, head=head)
     quantized = {f"{name}.weight" for name in layers}
-    rest = sum(p.numel() for name, p in model.named_parameters() if name not in quantized)
+    others = sum(p.numel() for name, p in model.named_parameters() if name not in quantized)
     held = linear_bytes(layers.values(), weights, double_quant=double_quant)
-    return held + math.ceil(rest * compute.itemsize)
+    return held + math.ceil(others * (compute if rest is None else rest).itemsize)
 
 
 def quantized_meta_pass(
@@ -171,12 +174,19 @@ def quantized_meta_pass(
     head: bool,
     bitsandbytes_version: str | None,
     base_dtype: DType | None = None,
+    kbit_prepare: bool = False,
     **options: Any,
 ) -> MemoryEstimate:
     """`by_meta_pass` with the base in bitsandbytes ``weights`` (``options["dtype"]`` computes).
 
     ``base_dtype``: the dtype the 4-bit weights were quantized from (default: the compute
     dtype), which bitsandbytes dequantizes them back to.
+
+    ``kbit_prepare``: the base went through PEFT's ``prepare_model_for_kbit_training``
+    (`torchfit.memory.analytic.kbit`): every unquantized parameter counts in fp32, and under
+    autocast the fp32 head's 16-bit copy is alive at the start of backward, as in the
+    closed form. The pass itself runs in the compute dtype, so its activations are those
+    of a 16-bit stream (the closed form's fp32 stream is not modelled here).
 
     Training without adapters assumes PEFT's default LoRA, as the closed form does.
 
@@ -213,17 +223,24 @@ def quantized_meta_pass(
             )
     mixed = options.get("mixed_precision")
     mixed = training and compute.bits == 16 if mixed is None else mixed
+    prepared = training and kbit_prepare
+    rest = DType.FP32 if prepared else compute
     held = meta_quantized_weight_bytes(
-        base, weights, compute, double_quant=double_quant, head=head
+        base, weights, compute, double_quant=double_quant, head=head, rest=rest
     ) + math.ceil(trainable * compute.master(mixed=mixed).itemsize)
     nested = "" if weights is DType.INT8 else (" + double quant" if double_quant else "")
+    why = " (peft.prepare_model_for_kbit_training)" if prepared else ""
     notes.append(
         f"{len(layers)} Linear layers{' (the head too)' if head else ''} in "
         f"{weights.value}{nested} (bitsandbytes' layout); embeddings, norms, biases"
-        f"{'' if head else ', head'} in {compute.value}"
+        f"{'' if head else ', head'} in {rest.value}{why}"
     )
     notes += _subclass_note(base, layers)
     found = found.replace(weights=held, notes=_restated(found.notes, trainable))
+    copy = _head_copy(base, compute, prepared=prepared and mixed, quantized_head=head)
+    if copy and found.peak_at != "optimizer step":
+        found = found.replace(overhead=found.overhead + copy)
+        notes.append(f"the fp32 head's {compute.value} autocast copy ({copy:,} bytes) kept")
     loading = 0
     if options.get("device") == "cuda":
         decoding = found.peak_at == "last decoding step"
@@ -248,6 +265,16 @@ def quantized_meta_pass(
             "its int8/fp16 copies of the input, nor the 16-bit weight copy its backward makes"
         )
     return with_loading(found.replace(notes=(*found.notes, *notes)), loading)
+
+
+def _head_copy(model: nn.Module, compute: DType, *, prepared: bool, quantized_head: bool) -> int:
+    """Bytes of the 16-bit copy autocast makes of a prepared (fp32) head for ``F.linear``."""
+    hf: Any = model  # a transformers PreTrainedModel
+    output = hf.get_output_embeddings()
+    if not prepared or quantized_head or output is None or compute.bits != 16:
+        return 0
+    weight: torch.Tensor = output.weight
+    return math.ceil(weight.numel() * compute.itemsize)
 
 
 def _restated(notes: tuple[str, ...], trainable: int) -> tuple[str, ...]:

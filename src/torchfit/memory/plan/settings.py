@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchfit._core.units import parse_dtype
+
 __all__ = [
     "Settings",
     "config_of",
@@ -76,7 +78,10 @@ class Settings:
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "input_shape": self.input_shape,
-            "dtype": self.dtype,
+            # with a precision, a float dtype is the one it computes in: precision says it
+            "dtype": None
+            if self.precision and not parse_dtype(self.dtype).is_quantized
+            else self.dtype,
             "mode": self.mode,
             "optimizer": None if self.optimizer == "none" else self.optimizer,
             "gradient_checkpointing": self.gradient_checkpointing,

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torchfit._core.ledger import CUDA_BLOCK
 from torchfit._core.rng import kept_rng
 from torchfit._core.units import format_bytes
+from torchfit.memory.analytic.formulas import sdpa_is_flash
 from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu, cuda_autocast_runs_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
@@ -266,6 +267,12 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
     return notes
 
 
+def _cuda_fuses(dtype: torch.dtype, grouped: bool) -> bool:  # noqa: FBT001 - FusedSdpa's callback
+    """CUDA's choice for attention in ``dtype`` (`sdpa_is_flash`, the estimators' rule)."""
+    fp32_grouped = grouped and dtype == torch.float32
+    return sdpa_is_flash(device="cuda", training=True, dropout=0.0, fp32_grouped=fp32_grouped)
+
+
 def run_session(session: Session) -> Trace:
     """Warm up, trace the measured step, and build the `Trace`."""
     cuda = session.device == "cuda"
@@ -273,7 +280,7 @@ def run_session(session: Session) -> Trace:
         block=CUDA_BLOCK if cuda else 1, workspace=workspace_rules(session.device)
     )
     _, foreach = _install(session)
-    sdpa = FusedSdpa() if cuda else None
+    sdpa = FusedSdpa(_cuda_fuses) if cuda else None
     dropped = _execute(session, sdpa)
     notes = _notes(session, dropped, sdpa, foreach=foreach)
     return build_trace(session.tracker, device=session.device, notes=notes, kinds=session.kinds)

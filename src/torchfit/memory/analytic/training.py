@@ -1,0 +1,219 @@
+"""The training peak of a transformer's closed form: the start of backward or the optimizer step.
+
+The peak of a training step is the larger of two moments (the tests check both):
+
+* the start of backward: weights, optimizer state, every saved activation, and the
+  loss's two logits-sized fp32 gradients; or, when it is higher, the top block's
+  backward (with gradient checkpointing: the recomputed block, once the loss's
+  gradients are gone);
+* the optimizer step: weights, optimizer state, all gradients, and the optimizer's
+  temporaries (``foreach`` lists on CUDA, one tensor at a time on CPU).
+
+Between the two, activations are freed as gradients appear, so the line between them
+holds no higher point.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchfit._core.step import Loop, OptimizerName
+from torchfit._core.units import DType
+from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.blocks import (
+    BlockSettings,
+    Term,
+    block_terms,
+    head_terms,
+    loss_bytes,
+    mlp_backward_width,
+)
+from torchfit.memory.analytic.formulas import INT64
+from torchfit.memory.analytic.model_states import ModelStates
+from torchfit.memory.analytic.moe import (
+    largest_expert_tensor,
+    moe_backward_width,
+    moe_block_terms,
+)
+from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
+from torchfit.memory.result import LayerMemory, MemoryEstimate
+
+__all__ = ["elem_of", "training_peak"]
+
+
+def elem_of(mixed: bool, compute: DType) -> float:  # noqa: FBT001 - a pure helper
+    """Bytes per parameter element: fp32 master weights under mixed precision."""
+    return compute.master(mixed=mixed).itemsize
+
+
+def _largest_tensor(spec: TransformerSpec) -> int:
+    """Elements of the largest parameter tensor (the embedding or the MLP weight)."""
+    experts = largest_expert_tensor(spec) if spec.moe else 0  # MoE hook
+    return max(
+        spec.vocab * spec.hidden, spec.hidden * spec.intermediate, 3 * spec.hidden**2, experts
+    )
+
+
+# --- MoE hook: mixture-of-experts blocks swap their MLP terms (analytic/moe.py) ---------
+def _block_terms(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> list[Term]:
+    if spec.moe is not None:
+        return moe_block_terms(spec, seq_len, settings)
+    return block_terms(spec, seq_len, settings)
+
+
+def _mlp_backward_width(spec: TransformerSpec) -> float:
+    return moe_backward_width(spec) if spec.moe is not None else mlp_backward_width(spec)
+
+
+# --- end of the MoE hook (inference: analytic/inference.py) -------------------------------
+
+
+def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
+    """``start``, noting when a chunked loss's own moment (`chunked_loss_peak`) set it."""
+    if chunked and chunked == start:
+        notes.append("chunked loss: all logit chunks in forward, or the head's gradients summed")
+    return start
+
+
+def training_peak(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    batch_size: int,
+    seq_len: int,
+    weights: int,
+    states: ModelStates,
+    optimizer: OptimizerName,
+    mixed: bool,
+    trainable: int,
+    gradient_checkpointing: bool,
+    notes: list[str],
+    loop: Loop,
+    in_backward: bool,
+    loss_chunk: int | None,
+    dequantized: int = 0,
+    head_itemsize: float = 0.0,
+) -> MemoryEstimate:
+    """The larger of the start of backward and the optimizer step (module docstring).
+
+    ``head_itemsize``: bytes per element of a trained head copy's gradient over a frozen
+    base (0: the master weights' dtype).
+    """
+    compute, device, opt = settings.dtype, settings.device, optimizer
+    tokens = batch_size * seq_len
+    block = _block_terms(spec, seq_len, settings)
+    per_block = math.ceil(tokens * sum(t.per_token for t in block))
+    head = math.ceil(tokens * sum(t.per_token for t in head_terms(spec, settings)))
+    if gradient_checkpointing:
+        # each block's input (the residual stream), kept by its checkpoint; one block is
+        # recomputed at a time in backward, after the loss's gradients are gone
+        kept = math.ceil(spec.num_layers * tokens * spec.hidden * settings.residual)
+        activations, recomputed = kept + head, kept + per_block
+        notes.append("gradient checkpointing: block inputs kept, one block recomputed")
+    else:
+        activations = recomputed = spec.num_layers * per_block + head
+    layers = tuple(
+        LayerMemory(f"block {k}", spec.family.value, per_block, "; ".join(t.name for t in block))
+        for k in range(spec.num_layers)
+    )
+    # Start of backward: the loss gradients w.r.t. the log-softmax and the logits
+    # (`loss_bytes`). With a chunked loss (torchtune's CEWithChunkedOutputLoss, LitGPT's
+    # chunked_cross_entropy) backward makes these gradients one chunk of positions at a time.
+    loss_tokens = tokens if loss_chunk is None else batch_size * min(seq_len, loss_chunk)
+    loss_grads = math.ceil(loss_tokens * loss_bytes(spec, settings)[1])
+    if loss_chunk is not None:
+        notes.append(f"loss in chunks of {loss_chunk} positions: one chunk's logit gradients")
+    # Then the top block's MLP backward: the head's gradients exist (tied: the embedding's)
+    # and the activation's chain of intermediates gets a gradient each (measured with the
+    # tracer: gelu_new's backward holds about four i-wide tensors at once).
+    mlp_grads = math.ceil(tokens * _mlp_backward_width(spec) * settings.mlp_itemsize)
+    # a frozen head (LoRA on the blocks) gets no weight gradient; its modules_to_save copy
+    # does, in the dtype the copy is held in
+    trains = not settings.frozen_base or settings.head_trains
+    head = spec.vocab * spec.hidden if trains else 0
+    head_grad = math.ceil(head * (head_itemsize or elem_of(mixed, compute)))
+    # the top block's backward, with the copy a 4-bit Linear's backward dequantizes
+    block_backward = recomputed + head_grad + mlp_grads + dequantized
+    backward_start = max(activations + loss_grads, block_backward)
+    # the saved tensors of the moment: the top block's backward has the recomputed one
+    saved = recomputed if backward_start == block_backward else activations
+    chunked = chunked_loss_peak(
+        activations,
+        head_params=head,
+        itemsize=compute.itemsize,
+        rows=batch_size,
+        seq_len=seq_len,
+        chunk=loss_chunk,
+        vocab=spec.vocab,
+        logits_kept=loop.keep_output,
+    )
+    backward_start = _chunked_note(max(backward_start, chunked), chunked, notes)
+    backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
+    kept_grads = kept_gradients(loop, states.gradients, notes)
+    elem = elem_of(mixed, compute)
+    step_temp = _step_temporaries(
+        spec,
+        opt,
+        device=device,
+        trainable=trainable,
+        elem=elem,
+        in_backward=in_backward,
+        notes=notes,
+    )
+    if in_backward:
+        backward_start = max(backward_start, activations + step_temp)
+    # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
+    # the optimizer step.
+    start = backward_start + kept_grads + states.autocast_copies
+    if in_backward or start >= states.gradients + step_temp:
+        peak_at = "start of backward"
+        act, grads, workspace = saved, kept_grads, backward_start - saved
+        copies = states.autocast_copies
+    else:
+        peak_at = "optimizer step"
+        act, grads, workspace, copies = 0, states.gradients, step_temp, 0
+    return MemoryEstimate(
+        weights=weights,
+        gradients=grads,
+        optimizer=states.optimizer,
+        activations=act,
+        workspace=workspace,
+        overhead=copies + tokens * INT64,
+        device=device,
+        notes=tuple(notes),
+        layers=layers if act else (),
+        peak_at=peak_at,
+    )
+
+
+def _step_temporaries(
+    spec: TransformerSpec,
+    opt: OptimizerName,
+    *,
+    device: str,
+    trainable: int,
+    elem: float,
+    in_backward: bool,
+    notes: list[str],
+) -> int:
+    """Temporaries of the optimizer step (AdamW: sqrt of v, then its quotient), in bytes."""
+    if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
+        if device == "cuda":
+            step_temp = math.ceil(trainable * elem)  # foreach: one list the size of all parameters
+            notes.append("optimizer step: foreach temporaries (CUDA default)")
+        else:
+            step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
+            notes.append("optimizer step: one tensor at a time (CPU default)")
+    else:
+        step_temp = 0
+    # End of backward with tied embeddings: the embedding's dense gradient arrives while the
+    # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
+    tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
+    step_temp = max(step_temp, tied_sum)
+    if in_backward:
+        # Each parameter steps as soon as its gradient is accumulated and the gradient is
+        # freed (torchtune's optimizer_in_bwd): no moment holds all gradients, and the
+        # step's temporaries are one tensor's.
+        step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
+        notes.append("optimizer step in backward: one parameter's gradient and update at a time")
+    return step_temp
