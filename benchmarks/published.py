@@ -212,8 +212,8 @@ def source_of(case: published.Case) -> str:
 #: Figures torchfit's own constants were set from: comparing with them tests nothing.
 CALIBRATION = {
     "hf_cuda_context_v100": (
-        "calibration: torchfit's pre-lazy-loading CUDA context "
-        "(allocator/context.py, PRE_LAZY_CUDA_CONTEXT_BYTES) is this figure less 2 MiB"
+        "calibration: one of the eager contexts torchfit's EAGER_LIBRARY_BYTES "
+        "(allocator/context.py) was set from"
     ),
 }
 
