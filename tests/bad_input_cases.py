@@ -221,6 +221,7 @@ _TOP: list[Case] = [
             "aliases": Kind("aliases", ("x", [3], ("",), 3)),
             "source": Kind("source", (3, None, ["x"])),
             "nvidia_smi_total": Kind("memory", (0, -1, 2.5, NAN, "1GB", True, 2**31)),
+            "sm_count": COUNT,
         },
     ),
     Case(
@@ -240,6 +241,7 @@ _TOP: list[Case] = [
             "bf16_tflops": POSITIVE,
             "aliases": Kind("aliases", ("x", [3], ("",), 3)),
             "source": Kind("source", (3, None, ["x"])),
+            "sm_count": COUNT,
         },
     ),
     Case(
