@@ -33,3 +33,4 @@ __all__ = [
     "LoadMethod",
     "LoadSpec",
 ]
+from torchfit.host.workers import WorkerMeasurement, WorkerMemory, measure_workers, worker_memory
