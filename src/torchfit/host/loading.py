@@ -48,9 +48,10 @@ __all__ = ["FIRST_LOAD_BYTES", "PER_TENSOR_BYTES", "predict_load"]
 
 #: RSS a first load adds whatever the model: library code paged in, modules imported
 #: lazily, the loader's own objects; then `PER_TENSOR_BYTES` per stored tensor (its
-#: ``Parameter``, key, slice object and the header pages). Fitted to ``from_pretrained`` of
-#: checkpoints whose weights all stay mapped (75 tensors: 13.6 MiB; 201 tensors: 21.2 MiB),
-#: transformers 5.25 / torch 2.13 (CPU), above a process that has imported both.
+#: ``Parameter``, key, slice object and header pages). Fitted to loads whose weights all
+#: stay mapped, transformers 5.25 / torch 2.13 (CPU), above a process that has imported
+#: both: ``from_pretrained`` of 75 tensors 13.4-13.6 MiB, of 201 tensors 21.2 MiB;
+#: ``torch.load(mmap=True)`` of 75 tensors 1.4 MiB.
 FIRST_LOAD_BYTES: dict[LoadMethod, int] = {
     LoadMethod.FROM_PRETRAINED: 9 * 2**20,
     LoadMethod.TORCH_LOAD: 1 * 2**20,
@@ -58,7 +59,12 @@ FIRST_LOAD_BYTES: dict[LoadMethod, int] = {
     LoadMethod.ASSIGN: 1 * 2**20,
 }
 #: Python objects and header pages per stored tensor (see `FIRST_LOAD_BYTES`).
-PER_TENSOR_BYTES = 60 * 2**10
+PER_TENSOR_BYTES: dict[LoadMethod, int] = {
+    LoadMethod.FROM_PRETRAINED: 60 * 2**10,
+    LoadMethod.TORCH_LOAD: 4 * 2**10,
+    LoadMethod.LOAD_STATE_DICT: 4 * 2**10,
+    LoadMethod.ASSIGN: 4 * 2**10,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +237,12 @@ def predict_load(model: nn.Module, ckpt: Checkpoint, spec: LoadSpec) -> LoadMemo
             "the state dict's storages are views of the mapped file" if spec.mmap
             else "every storage is read into memory"
         )  # fmt: skip
-    overhead = FIRST_LOAD_BYTES[method] + PER_TENSOR_BYTES * len(ckpt.tensors)
+    overhead = FIRST_LOAD_BYTES[method] + PER_TENSOR_BYTES[method] * len(ckpt.tensors)
     # a file's map lives on while a weight is a view of it, and the pages read stay in it
-    file_after = sum(size for index, size in tally.touched.items() if index in files_kept)
-    after = tally.anon + (file_after if method is LoadMethod.FROM_PRETRAINED else tally.file)
+    if method is LoadMethod.FROM_PRETRAINED:
+        stale = sum(size for index, size in tally.touched.items() if index in files_kept)
+    else:
+        stale = tally.file  # copied from the map; the state dict (and its map) is kept
     if tally.on_device:
         notes.append("weights on the GPU read their bytes through the map; host keeps none")
     return LoadMemory(
@@ -243,8 +251,8 @@ def predict_load(model: nn.Module, ckpt: Checkpoint, spec: LoadSpec) -> LoadMemo
         file_at_peak=tally.file_at_peak,
         transient=tally.transient,
         overhead=overhead,
-        after=after + overhead,
-        in_use=after + tally.mapped + overhead,
+        kept=tally.anon + overhead,
+        stale=stale,
         mapped=tally.mapped,
         on_device=tally.on_device,
         method=spec.describe(),

@@ -30,21 +30,23 @@ class LoadMemory:
         transient: Short-lived copies at the peak: one layer's quantization scratch, the
             bytes of a file read whole, a cast staged on the CPU.
         overhead: Code and Python objects a first load touches (measured, per tensor).
-        after: RSS the loaded model holds when the call returns.
-        in_use: RSS once every weight has been read at least once (a forward pass on
-            the CPU): weights left as views of the mapped file are paged in then.
-        mapped: Bytes of weights left as views of the mapped checkpoint (counted in
-            `in_use`, not in `after`).
+        kept: Anonymous bytes the loaded model holds when the call returns (with
+            `overhead`): they must stay in RAM.
+        stale: Checkpoint pages read during the load that stay mapped afterwards (their
+            file is still mapped for weights left as views): counted in RSS, never read
+            again, dropped first when memory runs short.
+        mapped: Bytes of weights left as views of the mapped checkpoint: paged in when
+            first used, and read again at every use.
         on_device: Bytes of weights placed on the GPU (not host memory).
         method: The load path, in words.
         notes: The rules applied, in words.
 
     Example:
         >>> m = LoadMemory(peak=3 * 2**30, anon_at_peak=2**30, file_at_peak=2 * 2**30,
-        ...                transient=0, overhead=0, after=2**30, in_use=2**30, mapped=0,
+        ...                transient=0, overhead=0, kept=2**30, stale=0, mapped=2**30,
         ...                on_device=0, method="from_pretrained")
-        >>> m.must_fit
-        1073741824
+        >>> m.must_fit, m.working_set
+        (1073741824, 2147483648)
     """
 
     peak: int
@@ -52,8 +54,8 @@ class LoadMemory:
     file_at_peak: int
     transient: int
     overhead: int
-    after: int
-    in_use: int
+    kept: int
+    stale: int
     mapped: int
     on_device: int
     method: str
@@ -61,14 +63,30 @@ class LoadMemory:
 
     @property
     def must_fit(self) -> int:
-        """Bytes that cannot be paged out: the peak less the file-backed pages."""
+        """Bytes of the peak that cannot be paged out: the peak less the file-backed pages."""
         return self.peak - self.file_at_peak
+
+    @property
+    def after(self) -> int:
+        """RSS the call leaves (`kept` + `stale`)."""
+        return self.kept + self.stale
+
+    @property
+    def in_use(self) -> int:
+        """RSS once every weight was read at least once (`after` + `mapped`)."""
+        return self.after + self.mapped
+
+    @property
+    def working_set(self) -> int:
+        """What running the model on the CPU keeps reading: `kept` + `mapped`."""
+        return self.kept + self.mapped
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, plus `must_fit`, as plain Python values."""
         data = dataclasses.asdict(self)
         data["notes"] = list(self.notes)
-        data["must_fit"] = self.must_fit
+        data.update(must_fit=self.must_fit, after=self.after, in_use=self.in_use,
+                    working_set=self.working_set)  # fmt: skip
         return data
 
     def __str__(self) -> str:
@@ -80,6 +98,7 @@ class LoadMemory:
             ("  transient", self.transient),
             ("  first-load overhead", self.overhead),
             ("after the load", self.after),
+            ("  of which stale file pages", self.stale),
             ("once every weight was read", self.in_use),
         ]
         lines = [f"Host memory of loading ({self.method})"]
