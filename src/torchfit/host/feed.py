@@ -122,7 +122,11 @@ class Feed:
 
     def __str__(self) -> str:
         """What is needed, what is there, and the verdict."""
-        disk = "not weighed" if self.disk is None else f"{self.disk.random_at(self.workers) / 1e6:,.0f} MB/s"
+        disk = (
+            "not weighed"
+            if self.disk is None
+            else f"{self.disk.random_at(self.workers) / 1e6:,.0f} MB/s"
+        )
         lines = [
             f"Keeping the card fed: {self.samples_per_s:,.0f} samples/s",
             f"  workers needed        {self.workers:>10}",

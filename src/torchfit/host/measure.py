@@ -3,7 +3,8 @@
 ``VmHWM`` (and ``getrusage``'s ``ru_maxrss``) is a high-water mark over the process's whole
 life, and memory freed earlier may be kept by the C allocator and reused, so each load is
 measured in a new interpreter: it imports what the path needs (torch, transformers, the
-model's module, bitsandbytes for a quantized load), collects garbage, resets ``VmHWM``
+model's module, bitsandbytes for a quantized load; CUDA and cuBLAS when weights go to a
+GPU), collects garbage, resets ``VmHWM``
 (`torchfit.host.rss.reset_peak`) and reads the RSS: that is the *baseline*, the
 interpreter and its libraries. Then it loads, and reports the peak and the end above that
 baseline, then reads every weight once (a sum over each tensor) and reports the RSS again
@@ -152,6 +153,10 @@ def _prepare(path: Path, spec: LoadSpec) -> Any:
 
     if spec.kind is LoadMethod.TORCH_LOAD:
         return None
+    if spec.device_map not in (None, "cpu"):
+        # CUDA's own host memory (driver, runtime, cuBLAS) belongs to the baseline
+        x = torch.ones(256, 256, device="cuda")
+        (x @ x).sum().item()
     import transformers  # noqa: PLC0415
 
     config = transformers.AutoConfig.from_pretrained(path)

@@ -114,8 +114,8 @@ def kv_offload_bytes(
                         ("head_dim", head_dim)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1; got {value!r}")
-    per_tensor = batch_size * num_kv_heads * seq_len * head_dim * math.ceil(
-        parse_dtype(dtype).itemsize
+    per_tensor = (
+        batch_size * num_kv_heads * seq_len * head_dim * math.ceil(parse_dtype(dtype).itemsize)
     )
     offloaded = max(num_layers - resident_layers, 0)
     return 2 * offloaded * _pow2(per_tensor)
