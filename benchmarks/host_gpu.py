@@ -48,12 +48,14 @@ def cuda_host() -> None:
         "print(json.dumps({'imports': a, 'after_cuda': b, 'cuda_host': b - a,"
         " 'torch': torch.__version__, 'transformers': transformers.__version__}))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    done = subprocess.run(  # noqa: S603 - our interpreter, our code
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     save("cuda_host", json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def checkpoints(root: Path) -> dict[str, Path]:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional
 
     config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
                          num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
@@ -93,7 +95,7 @@ def loads(paths: dict[str, Path]) -> None:
 
 
 def pinned_loader() -> None:
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415 - one step's
 
     stats = getattr(torch.cuda, "host_memory_stats", None)
     data = TensorDataset(torch.zeros(512, 3, 224, 224))
@@ -110,7 +112,7 @@ def pinned_loader() -> None:
 
 
 def kv_offload() -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional
 
     stats = getattr(torch.cuda, "host_memory_stats", None)
     config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=8,

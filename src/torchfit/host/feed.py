@@ -127,13 +127,14 @@ class Feed:
             if self.disk is None
             else f"{self.disk.random_at(self.workers) / 1e6:,.0f} MB/s"
         )
+        read = self.read_bytes_per_s / 1e6
+        limit = f"(machine's limit {self.max_samples_per_s:,.0f} samples/s)"
         lines = [
             f"Keeping the card fed: {self.samples_per_s:,.0f} samples/s",
             f"  workers needed        {self.workers:>10}",
             f"  cores needed          {self.cores:>10.1f}   available {self.cores_available}",
-            f"  disk read needed      {self.read_bytes_per_s / 1e6:>10,.1f} MB/s   available {disk}",
-            f"  bound by              {self.bound.value:>10}   (machine's limit "
-            f"{self.max_samples_per_s:,.0f} samples/s)",
+            f"  disk read needed      {read:>10,.1f} MB/s   available {disk}",
+            f"  bound by              {self.bound.value:>10}   {limit}",
         ]
         return "\n".join(lines)
 

@@ -31,8 +31,12 @@ PAGE_BYTES = 4096
 #: pymalloc: objects up to 512 bytes, in 16-byte classes, in pools with a 48-byte header.
 _SMALL, _ALIGN, _POOL_HEADER = 512, 16, 48
 #: The header a dict, list or set writes when read; its table is allocated apart.
-_HEADERS = {dict: sys.getsizeof({}), list: sys.getsizeof([]), set: sys.getsizeof(set()),
-            frozenset: sys.getsizeof(frozenset())}  # fmt: skip
+_HEADERS: dict[type, int] = {
+    dict: sys.getsizeof({}),
+    list: sys.getsizeof([]),
+    set: sys.getsizeof(set()),
+    frozenset: sys.getsizeof(frozenset()),
+}
 #: Containers this small are left out (a few objects copy a few pages).
 _MIN_ITEMS = 1000
 #: Items sampled per container.

@@ -80,7 +80,8 @@ def touched_fraction(
         if persistent:
             return 1.0
         per_page = max(PAGE_BYTES * classes / max(item_bytes, 1.0), 1.0)
-        return round(1.0 - (1.0 - 1.0 / num_workers) ** per_page, 3)
+        escape = (1.0 - 1.0 / num_workers) ** per_page
+        return round(1.0 - float(escape), 3)
     run = batch_size * max(item_bytes, 1.0)
     return round(min(1.0, (run + classes * PAGE_BYTES) / (num_workers * run)), 3)
 
