@@ -32,7 +32,7 @@ from torchfit.host.checkpoint import (
 from torchfit.host.disk import DiskSpeed, measure_disk
 from torchfit.host.feed import Feed, FeedBound, SampleCost, feed_needs, read_bytes_per_sample
 from torchfit.host.load import load_memory
-from torchfit.host.machine import EXAMPLE_MACHINES, Machine, machine, this_machine
+from torchfit.host.machines import EXAMPLE_MACHINES, Machine, machine, this_machine
 from torchfit.host.measure import LoadMeasurement, measure_load
 from torchfit.host.offload import kv_offload_bytes, optimizer_offload_bytes
 from torchfit.host.plan import HostPlan, HostVerdict, host_fits

@@ -49,6 +49,11 @@ def _checkpoint_of(
     if isinstance(checkpoint, Checkpoint):
         return checkpoint
     if checkpoint is not None:
+        if not Path(checkpoint).exists():
+            raise ValueError(
+                f"checkpoint {str(checkpoint)!r} does not exist; pass a checkpoint folder or "
+                "file, or None to imagine the one save_pretrained would write"
+            )
         return read_checkpoint(checkpoint)
     if isinstance(source, str | Path) and Path(source).is_dir():
         try:
@@ -108,7 +113,8 @@ def load_memory(
 
     Raises:
         ValueError: an option that does not belong to the method, an unknown device.
-        FileNotFoundError: ``checkpoint`` names no checkpoint.
+        ValueError: ``checkpoint`` does not exist.
+        FileNotFoundError: ``checkpoint`` is a folder without a checkpoint.
 
     Example:
         >>> from transformers import LlamaConfig

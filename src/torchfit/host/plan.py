@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
-from torchfit._core.units import DType, format_bytes
+from torchfit._core import checks
+from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.host.checkpoint import Checkpoint
 from torchfit.host.feed import Feed, SampleCost, feed_needs
 from torchfit.host.load import load_memory
-from torchfit.host.machine import Machine, machine, this_machine
+from torchfit.host.machines import Machine, machine, this_machine
 from torchfit.host.result import LoadMemory
 from torchfit.host.workers import WorkerMemory
 from torchfit.loaders import LoaderReport
@@ -162,6 +163,15 @@ def _verdict(plan: HostPlan) -> tuple[HostVerdict, list[str]]:
     ]
 
 
+@checks.arguments(
+    model=checks.model_ref(),
+    dtype=checks.parsed(parse_dtype, kinds=(str, torch.dtype, DType)),
+    bits=checks.among(4, 8, fix="pass bits=4 or bits=8, or None for no quantization"),
+    offloaded=checks.whole(),
+    batch_size=checks.whole(at_least=1),
+    step_seconds=checks.number(above=0),
+    baseline=checks.whole(),
+)
 def host_fits(
     model: Any,
     machine_or_name: Machine | str | None = None,
