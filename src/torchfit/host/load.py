@@ -126,6 +126,9 @@ def load_memory(
         >>> load_memory(config).after < 2**25  # same dtype: views of the map, read on use
         True
     """
+    pretrained = str(method) == LoadMethod.FROM_PRETRAINED.value
+    if pretrained and dtype is None and checkpoint is None and checkpoint_dtype is not None:
+        dtype = checkpoint_dtype  # "auto": the dtype save_pretrained records in config.json
     spec = LoadSpec(
         method=method,
         dtype=dtype,

@@ -314,10 +314,11 @@ def measure_workers(
     it = iter(loader)
     try:
         for _ in range(count):
-            next(it)
+            batch = next(it)  # held while "the step runs", as training holds it
             if hold_seconds:
                 time.sleep(hold_seconds)
             peak = max(peak, _shm_used() - start)
+            del batch
         workers = [pid for pid in _children(os.getpid()) if pid not in before]
         uss = tuple(private_bytes(pid)[0] for pid in workers)
     finally:
