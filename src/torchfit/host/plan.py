@@ -92,8 +92,8 @@ class HostPlan:
     @property
     def steady(self) -> int:
         """RSS while running: baseline, the model's host share, workers, offloaded state."""
-        # on the CPU the weights are read at every step; stale checkpoint pages can go
-        model = self.load.working_set if self.load.on_device == 0 else self.load.kept
+        # weights on the CPU are read at every step; stale checkpoint pages can go
+        model = self.load.working_set
         workers = 0 if self.workers is None else self.workers.total
         return self.baseline + model + workers + self.offloaded
 
@@ -161,6 +161,26 @@ def _verdict(plan: HostPlan) -> tuple[HostVerdict, list[str]]:
     return HostVerdict.FITS, [
         f"headroom {format_bytes(ram - max(plan.load_peak, plan.steady))} at the worst moment"
     ]
+
+
+def _card_check(host: Machine, load: LoadMemory) -> list[str]:
+    """A note when the weights sent to the GPU outgrow the card (they would not stay there)."""
+    if not host.gpu or not load.on_device:
+        return []
+    from torchfit.memory import gpu  # noqa: PLC0415 - the card catalog, on use
+
+    try:
+        card = gpu(host.gpu)
+    except ValueError:
+        return []
+    if load.on_device <= card.memory:
+        return []
+    why = (
+        f"the weights ({format_bytes(load.on_device)}) outgrow the {card.name}'s "
+        f"{format_bytes(card.memory)}: plan a device_map (torchfit.memory.plan_device_map, "
+        "offload=True) and pass it; the layers it leaves on the CPU count here"
+    )
+    return [why]
 
 
 @checks.arguments(
@@ -246,9 +266,11 @@ def host_fits(
             cost, batch_size=batch_size, step_seconds=step_seconds, cores=host.cores,
             disk=host.disk,
         )  # fmt: skip
+    reasons = _card_check(host, load)
     name = model if isinstance(model, str) else type(model).__name__
     plan = HostPlan(str(name), host, base, load, workers, offloaded, feed, HostVerdict.FITS, ())
-    verdict, reasons = _verdict(plan)
+    verdict, found = _verdict(plan)
+    reasons += found
     if feed is not None and feed.bound.value != "gpu":
         pace = f"{feed.max_samples_per_s:,.0f} of the {feed.samples_per_s:,.0f} samples/s"
         reasons.append(f"the {feed.bound.value} bounds the pace at {pace} the step takes")

@@ -145,8 +145,12 @@ class LoadSpec:
             parts.append(f"dtype={parse_dtype(self.torch_dtype).value}")
         if self.bits is not None:
             parts.append(f"{self.bits}-bit")
-        if self.device_map is not None:
+        if isinstance(self.device_map, str):
             parts.append(f"device_map={self.device_map!r}")
+        elif self.device_map is not None:
+            cpu = sum(str(where) == "cpu" for where in self.device_map.values())
+            gpu = len(self.device_map) - cpu
+            parts.append(f"device_map={{{gpu} modules on GPUs, {cpu} on the CPU}}")
         if not self.mmap:
             parts.append("disable_mmap=True" if self.kind is LoadMethod.FROM_PRETRAINED
                          else "mmap=False")  # fmt: skip
