@@ -184,3 +184,23 @@ def test_predict_load_is_the_same_for_a_meta_model_and_its_folder(checkpoints):
     by_folder = load_memory(checkpoints["fp32"], dtype="bf16")
     by_model = predict_load(build_model(checkpoints["fp32"]), ckpt, spec)
     assert by_folder == by_model
+
+
+@pytest.mark.slow
+@settings(max_examples=5, deadline=None)
+@given(
+    count=st.integers(1, 12),
+    mib=st.integers(4, 48),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8]),
+    mmap=st.booleans(),
+)
+def test_torch_load_of_drawn_state_dicts_matches_real_rss(tmp_path_factory, count, mib, dtype,
+                                                          mmap):  # fmt: skip
+    path = tmp_path_factory.mktemp("sd") / "sd.pt"
+    numel = mib * MiB // dtype.itemsize // count
+    torch.save({f"t{i}": torch.ones(numel, dtype=dtype) for i in range(count)}, path)
+    options = {"method": "torch.load", "mmap": mmap}
+    predicted = load_memory("gpt2", path, **options)
+    measured = measure_load(path, LoadSpec(**options))
+    assert _close(predicted.peak, measured.peak), (predicted, measured)
+    assert _close(predicted.in_use, measured.in_use), (predicted, measured)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def this_machine(*, disk: DiskSpeed | None = None) -> Machine:
     """
     import torch  # noqa: PLC0415 - only to name the GPU
 
-    total = _meminfo("MemTotal") or 0
+    total = _meminfo("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     limit = _cgroup_memory()
     ram = min(total, limit) if limit else total
     quota = cgroup_cpu_limit()
