@@ -55,7 +55,7 @@ RECORDS = frozenset({
     "NonFiniteCause", "LoaderReport", "LoaderTrial", "LoaderWarning", "MachineBudget",
     "Bound", "Diagnosis", "QuantType", "Footprint", "FootprintRow", "CATEGORIES",
     "DEFAULT_CUDA_CONTEXT_BYTES", "__version__", "loaders", "memory", "precision",
-    "quantize",
+    "quantize", "host",
 })  # fmt: skip
 
 
@@ -115,6 +115,27 @@ _TOP: list[Case] = [
         bases={
             "input_shape": {"model": "resnet-50", "gpu": "RTX 3060", "input_shape": (3, 64, 64)}
         },
+    ),
+    Case(
+        "host_fits",
+        lambda: torchfit.host_fits,
+        args=("gpt2", "desktop-3060"),
+        kinds={
+            "model": MODEL,
+            "machine_or_name": NAME,
+            "dtype": DTYPE,
+            "bits": Kind("bits", (3, 0, 16, -4, 2.5, "4", True)),
+            "device_map": Kind("device map", ("", " ", "tpu", "disk", 2.5, True, [0])),
+            "checkpoint": Kind("checkpoint", ("", " ", 3, 2.5, True, [1], "/nonexistent/qq")),
+            "mmap": FLAG,
+            "workers": Kind("worker memory", (3, "x", 2.5, True, [1])),
+            "offloaded": NON_NEGATIVE,
+            "cost": Kind("sample cost", (3, "x", 2.5, True, [1])),
+            "batch_size": COUNT,
+            "step_seconds": POSITIVE,
+            "baseline": NON_NEGATIVE,
+        },
+        names={"machine_or_name": ("machine",)},
     ),
     Case(
         "find_batch_size",

@@ -447,6 +447,7 @@ SNIPPET_PAGES = (
     "loaders.md",
     "precision.md",
     "quantize.md",
+    "host.md",
     "integrations.md",
     "porting.md",
 )

@@ -20,6 +20,7 @@ PUBLIC_PACKAGES = [
     "torchfit.loaders",
     "torchfit.precision",
     "torchfit.quantize",
+    "torchfit.host",
     "torchfit.speed",
 ]
 

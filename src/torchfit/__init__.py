@@ -4,8 +4,9 @@ Importing torchfit loads only torch and numpy; transformers, accelerate, bitsand
 and matplotlib load when a function that needs them is called.
 """
 
-from torchfit import loaders, memory, precision, quantize, speed
+from torchfit import host, loaders, memory, precision, quantize, speed
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
+from torchfit.host import host_fits
 from torchfit.loaders import diagnose, tune_loader, tuned_loader
 from torchfit.memory import (
     GPU,
@@ -42,6 +43,8 @@ __all__ = [
     "fits",
     "format_bytes",
     "gpu",
+    "host",
+    "host_fits",
     "loaders",
     "measure_peak",
     "memory",

@@ -1,0 +1,319 @@
+"""Host memory predicted vs measured: load paths, DataLoader workers, cores and disk.
+
+    PYTHONPATH=src python benchmarks/host_memory.py [--root DIR] [--parts loads,workers,...]
+
+* ``loads``: a 1.1B-parameter Llama (TinyLlama's shape) saved in bf16 (one file, and as
+  ``pytorch_model.bin`` / ``sd.pt``) and fp32 (1 GB shards), about 9 GB on disk under
+  ``--root`` (kept for the next run). Each load path runs in a fresh process
+  (`torchfit.host.measure_load`): its peak RSS above the baseline of a process that
+  imported torch and transformers, against `torchfit.host.load_memory`. Quantized loads
+  run three times with glibc's defaults (the spread is the allocator's) and once with a
+  fixed ``MALLOC_MMAP_THRESHOLD_``.
+* ``sweep``: hypothesis draws state dicts (sizes, dtypes, counts) for ``torch.load`` with
+  and without ``mmap``, each measured in a fresh process.
+* ``workers``: DataLoaders over lists of Python objects; each worker's USS
+  (`torchfit.host.measure_workers`) against `torchfit.host.worker_memory`.
+* ``feed``: a CPU-bound and a disk-bound dataset; samples/s at each worker count against
+  `torchfit.host.Feed.throughput` from the loader's measured per-sample cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset
+
+from torchfit.host import (
+    LoadSpec,
+    SampleCost,
+    feed_needs,
+    load_memory,
+    measure_disk,
+    measure_load,
+    measure_workers,
+    read_bytes_per_sample,
+    worker_memory,
+)
+from torchfit.loaders import tune_loader
+from torchfit.loaders.machine import affinity_cpus
+
+MiB = 2**20
+FIXED = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+
+
+def _row(label: str, predicted: float, measured: float, extra: str = "", unit: float = MiB) -> str:
+    ratio = predicted / measured if measured else float("nan")
+    return (
+        f"| {label} | {predicted / unit:,.0f} | {measured / unit:,.0f} | {ratio:.3f} | "
+        f"{abs(ratio - 1):.1%} |{extra}"
+    )
+
+
+def make_checkpoints(root: Path) -> dict[str, Path]:
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional
+
+    paths = {name: root / name for name in ("bf16", "fp32-sharded", "bf16-bin")}
+    if all((path / "config.json").exists() for path in paths.values()):
+        return paths
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                         num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                         tie_word_embeddings=False)  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.02)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(paths["bf16"])
+    paths["bf16-bin"].mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(paths["bf16-bin"])
+    torch.save(model.state_dict(), paths["bf16-bin"] / "pytorch_model.bin")
+    model.to(torch.float32).save_pretrained(paths["fp32-sharded"], max_shard_size="1GB")
+    return paths
+
+
+LOADS = [
+    ("bf16", {}, "safetensors, same dtype: views of the map"),
+    ("bf16", {"device_map": "cpu"}, "device_map='cpu'"),
+    ("fp32-sharded", {"dtype": "bf16"}, "5 shards, fp32 -> bf16 cast"),
+    ("bf16", {"dtype": "fp32"}, "an fp32 load (before a cast)"),
+    ("bf16", {"mmap": False}, "disable_mmap, one 2.2 GB file"),
+    ("fp32-sharded", {"mmap": False}, "disable_mmap, 5 shards"),
+    ("bf16-bin", {"dtype": "fp32"}, "pickle .bin (torch.load mmap) -> fp32"),
+    ("bf16-bin", {"method": "torch.load", "mmap": False}, "torch.load"),
+    ("bf16-bin", {"method": "torch.load", "mmap": True}, "torch.load(mmap=True)"),
+    ("bf16-bin", {"method": "load_state_dict", "mmap": False}, "model + state dict"),
+    ("bf16-bin", {"method": "assign", "mmap": True}, "meta model, assign=True, mmap"),
+]
+
+
+def loads(root: Path) -> None:
+    paths = make_checkpoints(root)
+    print("\n| load path | predicted peak MiB | measured peak MiB | ratio | error | notes |")
+    print("|---|---|---|---|---|---|")
+    for name, options, what in LOADS:
+        predicted = load_memory(paths[name], **options)
+        measured = measure_load(paths[name], LoadSpec(**options))
+        label = f"`{LoadSpec(**options).describe()}` {name}"
+        after = f" after {predicted.after / MiB:,.0f}/{measured.after / MiB:,.0f}, in use "
+        after += f"{predicted.in_use / MiB:,.0f}/{measured.in_use / MiB:,.0f}; {what} |"
+        print(_row(label, predicted.peak, measured.peak, after), flush=True)
+    for bits in (4, 8):
+        options = {"bits": bits, "device_map": "cpu"}
+        predicted = load_memory(paths["bf16"], **options)
+        runs = [measure_load(paths["bf16"], LoadSpec(**options)).peak for _ in range(3)]
+        fixed = measure_load(paths["bf16"], LoadSpec(**options), env=FIXED).peak
+        label = f"`{LoadSpec(**options).describe()}` bf16"
+        spread = f" glibc defaults: {', '.join(f'{r / MiB:,.0f}' for r in runs)} |"
+        print(_row(label + " (fixed mmap threshold)", predicted.peak, fixed, spread), flush=True)
+        print(_row(label + " (median of 3, defaults)", predicted.peak, statistics.median(runs),
+                   " |"), flush=True)  # fmt: skip
+
+
+def sweep() -> None:
+    print("\n| torch.load of a drawn state dict | predicted MiB | measured MiB | ratio | error |")
+    print("|---|---|---|---|---|")
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        count=st.integers(1, 40),
+        mib=st.integers(1, 96),
+        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8]),
+        mmap=st.booleans(),
+    )
+    def one(count: int, mib: int, dtype: torch.dtype, mmap: bool) -> None:  # noqa: FBT001
+        numel = mib * MiB // dtype.itemsize // count
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "sd.pt"
+            torch.save({f"t{i}": torch.ones(numel, dtype=dtype) for i in range(count)}, path)
+            options = {"method": "torch.load", "mmap": mmap}
+            predicted = load_memory("gpt2", path, **options)
+            measured = measure_load(path, LoadSpec(**options))
+        what = f"{count} x {numel * dtype.itemsize / MiB:.1f} MiB {dtype}, mmap={mmap}"
+        value = predicted.in_use if mmap else predicted.peak
+        print(_row(what, value, measured.in_use if mmap else measured.peak), flush=True)
+
+    one()
+
+
+class Records(Dataset):
+    """Python objects per item, every field read (paths, (path, label) pairs, dicts)."""
+
+    def __init__(self, count: int, kind: str) -> None:
+        if kind == "paths":
+            self.items: list[object] = [f"data/train/{i:010d}/image.jpg" for i in range(count)]
+        elif kind == "pairs":
+            self.items = [(f"img/{i}.png", float(i)) for i in range(count)]
+        else:
+            self.items = [{"id": i + 1000, "path": f"img/{i}.png", "w": i * 0.5}
+                          for i in range(count)]  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        item = self.items[index]
+        if isinstance(item, dict):
+            _ = list(item.values())
+        elif isinstance(item, tuple):
+            _ = list(item)
+        return torch.zeros(4)
+
+
+def workers() -> None:
+    print("\n| dataset | workers | shuffle | predicted MiB | measured (sum of USS) MiB | ratio"
+          " | error |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for kind, count in (("paths", 2_000_000), ("pairs", 2_000_000), ("dicts", 1_000_000)):
+        dataset = Records(count, kind)
+        for num, shuffle in ((1, False), (2, False), (2, True), (4, False), (4, True)):
+            loader = DataLoader(dataset, batch_size=256, num_workers=num, shuffle=shuffle)
+            predicted = worker_memory(dataset, num_workers=num, batch_size=256, shuffle=shuffle)
+            measured = measure_workers(loader)
+            label = f"{count:,} {kind} | {num} | {shuffle}"
+            print(_row(label, predicted.copies, measured.copies), flush=True)
+
+
+class Decode(Dataset):
+    """CPU-bound: decompress a 3x64x64 image and filter it (milliseconds of CPU; 12 KB out)."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.blob = zlib.compress(rng.integers(0, 4, 3 * 64 * 64, dtype=np.uint8).tobytes())
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raw = np.frombuffer(zlib.decompress(self.blob), dtype=np.uint8).astype(np.float32)
+        for _ in range(200):
+            raw = np.sqrt(raw * 1.0001 + 1.0)
+        return torch.from_numpy(raw.astype(np.uint8))
+
+
+class Blocks(Dataset):
+    """Disk-bound: each sample reads its own 1 MiB block of a file with O_DIRECT (no cache).
+
+    Each process opens the file once and reads into one page-aligned buffer of its own.
+    """
+
+    def __init__(self, path: Path, blocks: int) -> None:
+        self.path, self.blocks = path, blocks
+        self._open: tuple[int, int, mmap.mmap] | None = None
+
+    def __len__(self) -> int:
+        return self.blocks
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_open": None}
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self._open is None or self._open[0] != os.getpid():
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            self._open = (os.getpid(), fd, mmap.mmap(-1, MiB))
+        _, fd, buffer = self._open
+        os.preadv(fd, [buffer], (index % self.blocks) * MiB)
+        return torch.frombuffer(bytearray(buffer[:64]), dtype=torch.uint8)
+
+
+def _rate(dataset: Dataset, num: int, batches: int) -> float:
+    loader = DataLoader(dataset, batch_size=16, num_workers=num)
+    it = iter(loader)
+    for _ in range(max(num, 1) * 2):
+        next(it)  # start-up: every worker's first batches
+    begin = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    rate = batches * 16 / (time.perf_counter() - begin)
+    del it
+    return rate
+
+
+def _spin(seconds: float) -> float:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return time.process_time()
+
+
+def effective_cores(seconds: float = 1.0) -> float:
+    """CPUs this process really gets now: ``affinity`` spinners' CPU time over wall time.
+
+    On a machine shared with other jobs the affinity mask promises more than the
+    scheduler gives; the loader's speed follows what it gives.
+    """
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    count = affinity_cpus()
+    with ProcessPoolExecutor(count) as pool:
+        return sum(pool.map(_spin, [seconds] * count)) / seconds
+
+
+def feed(root: Path) -> None:
+    cores = affinity_cpus()
+    usable = effective_cores()
+    print(f"\n{cores} cores in the affinity mask, {usable:.2f} given by the scheduler now.")
+    print("| dataset | workers | predicted samples/s | measured samples/s | ratio | error |")
+    print("|---|---|---|---|---|---|")
+    decode = Decode()
+    _, report = tune_loader(decode, batch_size=16, time_budget=5.0)
+    # the benchmark's loop has no training step: every core may load (cores + 1)
+    plan = feed_needs(report, batch_size=16, step_seconds=0.001, cores=cores + 1)
+    for num in range(5):
+        measured = _rate(decode, num, 60)
+        predicted = min(plan.throughput(num), max(usable, 1.0) / plan.cost.cpu_seconds)
+        print(_row(f"CPU-bound decode | {num}", predicted, measured, unit=1), flush=True)
+    data = root / "blocks.bin"
+    blocks = 3072
+    if not data.exists() or data.stat().st_size != blocks * MiB:
+        chunk = os.urandom(MiB)
+        with data.open("wb") as handle:
+            for _ in range(blocks):
+                handle.write(chunk)
+    disk = measure_disk(root, size="512MiB", block="1MiB", threads=4)
+    print(f"\n{disk}")
+    dataset = Blocks(data, blocks)
+    _, report = tune_loader(dataset, batch_size=16, time_budget=5.0)
+    cost = SampleCost.from_report(report, read_bytes=read_bytes_per_sample(dataset, samples=4))
+    plan = feed_needs(cost, batch_size=16, step_seconds=0.001, cores=cores + 1, disk=disk)
+    print(f"cost: {cost}")
+    for num in range(5):
+        measured = _rate(dataset, num, 40)
+        print(_row(f"disk-bound 1 MiB blocks | {num}", plan.throughput(num), measured, unit=1),
+              flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "torchfit-host")
+    parser.add_argument("--parts", default="loads,sweep,workers,feed")
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+    # one torch thread, as in a DataLoader worker: idle OpenMP threads spinning after a
+    # collate would take the main process's CPU from its samples on a small machine
+    torch.set_num_threads(1)
+    parts = args.parts.split(",")
+    if "loads" in parts:
+        loads(args.root)
+    if "sweep" in parts:
+        sweep()
+    if "workers" in parts:
+        workers()
+    if "feed" in parts:
+        feed(args.root)
+
+
+if __name__ == "__main__":
+    main()
