@@ -7,6 +7,8 @@ parameter of each signature, then calls each with one wrong value at a time.
 
 from __future__ import annotations
 
+import inspect
+
 import torchfit
 from bad_input_common import (
     BUDGET,
@@ -55,7 +57,7 @@ RECORDS = frozenset({
     "NonFiniteCause", "LoaderReport", "LoaderTrial", "LoaderWarning", "MachineBudget",
     "Bound", "Diagnosis", "QuantType", "Footprint", "FootprintRow", "CATEGORIES",
     "DEFAULT_CUDA_CONTEXT_BYTES", "__version__", "loaders", "memory", "precision",
-    "quantize", "host",
+    "quantize", "host", "speed", "StepTime", "Comparison",
 })  # fmt: skip
 
 
@@ -96,6 +98,44 @@ _TOP: list[Case] = [
         | {"use_cache": FLAG, "device": NAME, "frozen_base": FLAG, "kbit_prepare": FLAG}
         | {"quantization": BNB_CONFIG},
         bases={"input_shape": {"model": tiny(), "batch_size": 2, "input_shape": (8,)}},
+    ),
+    Case(
+        "step_time",
+        lambda: torchfit.step_time,
+        kwargs={"model": "gpt2", "gpu_name": "H200", "batch_size": 2, "seq_len": 64},
+        kinds={
+            k: v
+            for k, v in ESTIMATE.items()
+            if k in inspect.signature(torchfit.step_time).parameters
+        }
+        | {
+            "gpu_name": CARD,
+            "optimizer_implementation": NAME,
+            "channels_last": FLAG,
+        },
+        bases={
+            "input_shape": {
+                "model": tiny(),
+                "gpu_name": "H200",
+                "batch_size": 2,
+                "input_shape": (8,),
+            }
+        },
+    ),
+    Case(
+        "compare_gpus",
+        lambda: torchfit.compare_gpus,
+        kwargs={"model": "gpt2", "gpus": ["H200"], "seq_len": 64},
+        kinds={
+            "model": ESTIMATE["model"],
+            "gpus": Kind("cards", ("", 42, [], ["no such card"], True)),
+            "batch_size": COUNT,
+            "tokens": POSITIVE,
+            "samples": POSITIVE,
+            "price_per_hour": Kind("prices", (3, {"H200": -1.0}, {"H200": "x"}, {"nope": 1.0})),
+        },
+        names={"price_per_hour": ("price",)},
+        partial=True,  # **step: step_time's keywords, checked there
     ),
     Case(
         "fits",

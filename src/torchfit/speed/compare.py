@@ -123,7 +123,39 @@ class Comparison:
         return fig
 
 
-@checks.arguments(tokens=checks.number(at_least=0), samples=checks.number(at_least=0))
+def _checked(
+    gpus: object, *, tokens: object, samples: object, price_per_hour: object
+) -> dict[str, float]:
+    """`compare_gpus`' cards, budget and prices checked at the door; the prices as a dict."""
+    if tokens is not None and samples is not None:
+        raise ValueError("give tokens= or samples= as the budget, not both")
+    for label, budget in (("tokens", tokens), ("samples", samples)):
+        if budget is not None and (
+            isinstance(budget, bool)
+            or not isinstance(budget, int | float)
+            or not 0 < budget < float("inf")
+        ):
+            raise ValueError(f"{label}={budget!r}: a budget is a number > 0, e.g. {label}=1e9")
+    if isinstance(gpus, str | GPU) or not isinstance(gpus, Sequence) or not gpus:
+        raise TypeError(
+            f"gpus={gpus!r}: expected a non-empty list of card names or GPU objects, "
+            'e.g. gpus=["RTX 4090", "A100 80GB"]'
+        )
+    if price_per_hour is not None and not isinstance(price_per_hour, Mapping):
+        raise TypeError(
+            f"price_per_hour={price_per_hour!r}: expected a mapping of card name to price "
+            'per card-hour, e.g. {"H100": 2.5}'
+        )
+    prices = dict(price_per_hour or {})
+    for card_name, price in prices.items():
+        if isinstance(price, bool) or not isinstance(price, int | float) or not price >= 0:
+            raise ValueError(
+                f"price_per_hour[{card_name!r}]={price!r}: a price is a number >= 0 per card-hour"
+            )
+    return prices
+
+
+@checks.arguments(batch_size=checks.whole(at_least=1))
 def compare_gpus(
     model: Any,
     gpus: Sequence[str | GPU],
@@ -158,9 +190,7 @@ def compare_gpus(
         >>> [row.fits for row in table.rows], table.rows[0].hours < table.rows[1].hours
         ([True, True], True)
     """
-    if tokens is not None and samples is not None:
-        raise ValueError("give tokens= or samples= as the budget, not both")
-    prices = dict(price_per_hour or {})
+    prices = _checked(gpus, tokens=tokens, samples=samples, price_per_hour=price_per_hour)
     names = [g if isinstance(g, str) else g.name for g in gpus]
     unknown = sorted(set(prices) - set(names))
     if unknown:

@@ -81,7 +81,15 @@ def _cuda_target(autocast: torch.dtype | None) -> Iterator[None]:
 def add_lora(built: Built, lora: Any) -> None:
     """Wrap ``built.module`` in PEFT's LoRA model for ``lora`` (a ``peft.LoraConfig``)."""
     peft = require("peft", feature="timing LoRA adapters")
-    built.module = peft.get_peft_model(built.module, lora)
+    try:
+        built.module = peft.get_peft_model(built.module, lora)
+    except ValueError as e:  # PEFT's NoMatchingPeftModuleError and kin
+        targets = getattr(lora, "target_modules", None)
+        raise ValueError(
+            f"lora_targets={targets!r} (the LoRA target modules): PEFT could not place them "
+            f"on this model ({e}); name the model's Linear modules, e.g. 'q_proj,v_proj', "
+            "or 'all-linear'"
+        ) from e
 
 
 def _quantized_linears(module: nn.Module) -> list[nn.Module]:
