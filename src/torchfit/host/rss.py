@@ -169,8 +169,8 @@ def measure_rss(fn: Callable[..., T], *args: Any, **kwargs: Any) -> RssMeasureme
     Example:
         >>> import torch
         >>> m = measure_rss(torch.ones, 64, 2**20 // 4)  # 64 MiB of fp32, written
-        >>> 60 * 2**20 < m.peak < 80 * 2**20
-        True
+        >>> m.value.shape, m.peak >= m.end  # how much shows depends on the process's past
+        (torch.Size([64, 262144]), True)
     """
     gc.collect()
     exact = reset_peak()
