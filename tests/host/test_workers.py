@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from torchfit.host import measure_workers, worker_memory
-from torchfit.host.objects import PAGE_BYTES, cow_bytes, python_objects, size_classes
+from torchfit.host.objects import PAGE_BYTES, copied_objects, cow_bytes, size_classes
 from torchfit.host.workers import WORKER_BASE_BYTES, touched_fraction
 
 MiB = 2**20
@@ -119,7 +119,7 @@ def test_python_objects_finds_containers_in_wrapped_datasets():
             self.inner = [Records(5000, "paths"), Records(3000, "pairs")]
             self.small = list(range(10))  # too small to matter
 
-    found = python_objects(Wrapper())
+    found = copied_objects(Wrapper())
     assert [(where, items) for where, items, _ in found.found] == [
         ("dataset.inner[1].items", 3000),
         ("dataset.inner[0].items", 5000),

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-__all__ = ["PAGE_BYTES", "PythonObjects", "cow_bytes", "python_objects"]
+from torchfit.loaders.checks import dataset_attributes
+
+__all__ = ["PAGE_BYTES", "PythonObjects", "cow_bytes", "copied_objects"]
 
 #: The page a write copies (x86-64 and most arm64 Linux kernels).
 PAGE_BYTES = 4096
@@ -122,10 +123,11 @@ class PythonObjects:
             items (bytes from a sample of 64 items, evenly spread).
 
     Example:
+        >>> from torch.utils.data import Dataset
         >>> class Paths(Dataset):
         ...     def __init__(self):
         ...         self.paths = [f"img/{i:08d}.jpg" for i in range(10_000)]
-        >>> objects = python_objects(Paths())
+        >>> objects = copied_objects(Paths())
         >>> objects.found  # 10,000 strings of 64 bytes, in 4 KiB pools with 48-byte headers
         [('dataset.paths', 10000, 809486)]
     """
@@ -157,40 +159,26 @@ def _sample(container: Any) -> list[Any]:
     return sample
 
 
-def python_objects(dataset: object) -> PythonObjects:
+def copied_objects(dataset: object) -> PythonObjects:
     """Find the containers of Python objects in a dataset (and datasets it wraps).
 
     Example:
-        >>> python_objects(torch.utils.data.TensorDataset(torch.zeros(10_000))).total
+        >>> copied_objects(torch.utils.data.TensorDataset(torch.zeros(10_000))).total
         0
     """
     found: list[tuple[str, int, int]] = []
     classes = 1
-    queue: list[tuple[str, object]] = [("dataset", dataset)]
-    seen: set[int] = set()
-    while queue:
-        path, obj = queue.pop()
-        if id(obj) in seen or not hasattr(obj, "__dict__"):
+    for where, value in dataset_attributes(dataset):
+        items = value.reshape(-1) if isinstance(value, np.ndarray) else value
+        if not isinstance(value, list | tuple | dict | set | frozenset) and not (
+            isinstance(value, np.ndarray) and value.dtype == object
+        ):
             continue
-        seen.add(id(obj))
-        for name, value in vars(obj).items():
-            where = f"{path}.{name}"
-            if isinstance(value, Dataset):
-                queue.append((where, value))
-                continue
-            if isinstance(value, list | tuple) and value and isinstance(value[0], Dataset):
-                queue += [(f"{where}[{i}]", item) for i, item in enumerate(value)]
-                continue
-            items = value.reshape(-1) if isinstance(value, np.ndarray) else value
-            if not isinstance(value, list | tuple | dict | set | frozenset) and not (
-                isinstance(value, np.ndarray) and value.dtype == object
-            ):
-                continue
-            if len(items) < _MIN_ITEMS:
-                continue
-            sample = _sample(items)
-            each = sum(cow_bytes(item) for item in sample) / max(len(sample), 1)
-            # the container's own table of pointers is read, never written: not copied
-            found.append((where, len(items), int(each * len(items))))
-            classes = max(classes, *(size_classes(item) for item in sample))
+        if len(items) < _MIN_ITEMS:
+            continue
+        sample = _sample(items)
+        each = sum(cow_bytes(item) for item in sample) / max(len(sample), 1)
+        # the container's own table of pointers is read, never written: not copied
+        found.append((where, len(items), int(each * len(items))))
+        classes = max(classes, *(size_classes(item) for item in sample))
     return PythonObjects(found, classes)

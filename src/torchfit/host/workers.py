@@ -31,7 +31,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from torchfit._core.units import format_bytes
-from torchfit.host.objects import PAGE_BYTES, python_objects
+from torchfit.host.objects import PAGE_BYTES, copied_objects
 from torchfit.host.rss import private_bytes
 from torchfit.loaders.probe import close_iterator
 
@@ -209,7 +209,7 @@ def worker_memory(
         raise ValueError(f"num_workers must be a whole number >= 0; got {num_workers!r}")
     if isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1; got {batch_size!r}")
-    found = python_objects(dataset)
+    found = copied_objects(dataset)
     count = dataset_len if dataset_len is not None else _length(dataset, found.items)
     item = found.total / max(count, 1)
     fraction = touched_fraction(

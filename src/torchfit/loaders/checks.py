@@ -22,6 +22,7 @@ from torchfit.loaders.probe import WorkerSeeder, close_iterator, leaves
 
 __all__ = [
     "PY_OBJECTS_WARN_BYTES",
+    "dataset_attributes",
     "duplicated_across_workers",
     "fingerprint",
     "python_object_warnings",
@@ -127,13 +128,17 @@ def _python_bytes(container: Any) -> int:
     return sys.getsizeof(container) + int(each * count)
 
 
-def python_objects(dataset: object, *, min_items: int = 1000) -> list[tuple[str, int, int]]:
-    """Large containers of Python objects a dataset holds: ``(attribute, items, ~bytes)``.
+def dataset_attributes(dataset: object) -> Iterator[tuple[str, Any]]:
+    """Every attribute of a dataset and of the datasets it wraps: ``(path, value)``.
 
-    Reading such objects in a forked worker touches their reference counts, so the
-    memory pages holding them are copied into every worker (pytorch #13246).
+    Wrapped datasets (an attribute, or a list or tuple of them, such as ConcatDataset's)
+    are walked into, not yielded; each object is visited once.
+
+    Example:
+        >>> ds = torch.utils.data.Subset(torch.utils.data.TensorDataset(torch.zeros(4)), [0])
+        >>> [path for path, _ in dataset_attributes(ds)]
+        ['dataset.indices', 'dataset.dataset.tensors']
     """
-    found: list[tuple[str, int, int]] = []
     queue: list[tuple[str, object]] = [("dataset", dataset)]
     seen: set[int] = set()
     while queue:
@@ -147,14 +152,24 @@ def python_objects(dataset: object, *, min_items: int = 1000) -> list[tuple[str,
                 queue.append((where, value))
             elif isinstance(value, list | tuple) and value and isinstance(value[0], Dataset):
                 queue += [(f"{where}[{i}]", item) for i, item in enumerate(value)]
-            elif isinstance(value, list | tuple | dict | set | frozenset) and (
-                len(value) >= min_items
-            ):
-                found.append((where, len(value), _python_bytes(value)))
-            elif isinstance(value, np.ndarray) and value.dtype == object and value.size:
-                flat = value.reshape(-1)
-                if flat.size >= min_items:
-                    found.append((where, flat.size, value.nbytes + _python_bytes(flat)))
+            else:
+                yield where, value
+
+
+def python_objects(dataset: object, *, min_items: int = 1000) -> list[tuple[str, int, int]]:
+    """Large containers of Python objects a dataset holds: ``(attribute, items, ~bytes)``.
+
+    Reading such objects in a forked worker touches their reference counts, so the
+    memory pages holding them are copied into every worker (pytorch #13246).
+    """
+    found: list[tuple[str, int, int]] = []
+    for where, value in dataset_attributes(dataset):
+        if isinstance(value, list | tuple | dict | set | frozenset) and len(value) >= min_items:
+            found.append((where, len(value), _python_bytes(value)))
+        elif isinstance(value, np.ndarray) and value.dtype == object and value.size:
+            flat = value.reshape(-1)
+            if flat.size >= min_items:
+                found.append((where, flat.size, value.nbytes + _python_bytes(flat)))
     return found
 
 
