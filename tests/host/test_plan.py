@@ -118,8 +118,19 @@ def test_kv_offload_rounds_each_tensor_to_a_power_of_two():
         kv_offload_bytes(batch_size=1, seq_len=0, num_layers=2, num_kv_heads=1, head_dim=64)
 
 
+def _written_pages(nbytes):
+    """Fresh anonymous pages, written: glibc cannot serve them from memory it holds."""
+    import mmap
+
+    pages = mmap.mmap(-1, nbytes)
+    for offset in range(0, nbytes, mmap.PAGESIZE):
+        pages[offset] = 1
+    pages.close()  # the peak (VmHWM) keeps them
+
+
 def test_measure_rss_sees_written_pages():
-    measured = measure_rss(torch.ones, 32, 2**20 // 4)  # 32 MiB
+    # torch.ones here could reuse heap memory an earlier test left resident (CI saw +0)
+    measured = measure_rss(_written_pages, 32 * 2**20)  # 32 MiB
     assert 31 * 2**20 <= measured.peak <= 40 * 2**20
     assert measured.exact_peak
     assert "RSS" in str(measured)
