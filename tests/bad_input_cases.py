@@ -22,7 +22,6 @@ from bad_input_common import (
 )
 from bad_input_memory import MEMORY
 from bad_inputs import (
-    BNB_CONFIG,
     CALLABLE,
     CAPACITY,
     CARD,
@@ -94,10 +93,22 @@ _TOP: list[Case] = [
         "estimate",
         lambda: torchfit.estimate,
         kwargs={"model": "gpt2", "batch_size": 2, "seq_len": 64},
-        kinds=ESTIMATE
-        | {"use_cache": FLAG, "device": NAME, "frozen_base": FLAG, "kbit_prepare": FLAG}
-        | {"quantization": BNB_CONFIG},
-        bases={"input_shape": {"model": tiny(), "batch_size": 2, "input_shape": (8,)}},
+        kinds={"model": ESTIMATE["model"]},
+        partial=True,  # **keywords: torchfit.Step's fields, checked by the Step case
+    ),
+    Case(
+        "Step",
+        lambda: torchfit.Step,
+        kwargs={"batch_size": 2, "seq_len": 64},
+        kinds={
+            k: v
+            for k, v in ESTIMATE.items()
+            # optimizer may be a factory, lora_targets are the model's names: estimate's
+            if k not in {"model", "dtype", "mixed_precision", "optimizer", "lora_targets"}
+        }
+        | {"use_cache": FLAG, "device": NAME, "frozen_base": FLAG, "kbit_prepare": FLAG},
+        bases={"input_shape": {"batch_size": 2, "input_shape": (8,)}},
+        partial=True,  # lora, quantization: objects, checked in tests/memory/test_step.py
     ),
     Case(
         "step_time",

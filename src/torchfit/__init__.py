@@ -18,6 +18,7 @@ from torchfit.memory import (
     simulate_gpu,
 )
 from torchfit.memory.plan import Plan, fits
+from torchfit.memory.step import Step
 from torchfit.precision import MixedPrecision, find_nonfinite
 from torchfit.speed import compare_gpus, step_time
 
@@ -34,6 +35,7 @@ __all__ = [
     "MemoryEstimate",
     "MixedPrecision",
     "Plan",
+    "Step",
     "__version__",
     "compare_gpus",
     "diagnose",

@@ -151,7 +151,13 @@ def test_a_config_and_an_argument_that_say_it_twice_are_refused(
 
 def test_something_else_than_a_config_is_a_type_error():
     with pytest.raises(TypeError, match="BitsAndBytesConfig"):
-        _estimate(quantization="nf4")
+        _estimate(quantization=4)
+
+
+def test_a_format_name_is_the_dtype_spelling():
+    assert _estimate(quantization="nf4").total == _estimate(dtype="nf4").total
+    with pytest.raises(ValueError, match="both name the weights"):
+        _estimate(quantization="nf4", dtype="int8")
 
 
 @settings(max_examples=30, deadline=None)

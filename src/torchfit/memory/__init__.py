@@ -69,6 +69,7 @@ from torchfit.memory.sharding import (
     parse_strategy,
     shard_estimate,
 )
+from torchfit.memory.step import Step
 from torchfit.memory.tracing import Trace, trace, trace_events, trace_step
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "AffineEstimate",
     "LayerMemory",
     "MemoryEstimate",
+    "Step",
     "TransformerSpec",
     "activation_bytes",
     "attention_bytes",
