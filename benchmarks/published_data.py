@@ -218,7 +218,7 @@ def _check_fields(
         )
     missing = [name for name in required if name not in record]
     if missing:
-        raise ValueError(f"{where}: missing field(s) {missing}; every record needs {list(required)}")
+        raise ValueError(f"{where}: missing field(s) {missing}; each record needs {list(required)}")
     for name, value in record.items():
         if not _TYPES[fields[name]](value):
             raise ValueError(f"{where}: {name} = {_short(value)} should be {fields[name]}")
@@ -228,7 +228,8 @@ def _source(key: str, table: Mapping[str, Any], origin: str) -> tuple[Source, di
     """The `Source` of one ``[sources.<key>]`` table and the run fields it shares."""
     where = f"{origin}: [sources.{key}]"
     if not isinstance(table, dict):
-        raise ValueError(f"{where} should be a table, got {_short(table)}")
+        # a bad record of the data file, refused like every other one
+        raise ValueError(f"{where} should be a table, got {_short(table)}")  # noqa: TRY004
     _check_fields(table, SOURCE_FIELDS, _REQUIRED_SOURCE, where)
     setups = table.get("setups", {})
     _check_fields(setups, dict.fromkeys(setups, _STR), (), f"{where}.setups")
