@@ -1,9 +1,9 @@
 """torchfit against real GPU runs that others measured and published.
 
-Every case of ``benchmarks/published_cases.py`` (a figure or a fits / OOM verdict, with
-its citation and setup) is turned into the torchfit call that describes the same run,
-and the matching quantity is compared: nvidia-smi with ``device_total``,
-``max_memory_allocated`` and ``active_bytes.all.peak`` with ``total``,
+Every run of ``benchmarks/published_runs.toml`` (a figure or a fits / OOM verdict, with
+its citation and setup; read by ``published_data.py``) is turned into the torchfit call
+that describes the same run, and the matching quantity is compared: nvidia-smi with
+``device_total``, ``max_memory_allocated`` and ``active_bytes.all.peak`` with ``total``,
 ``max_memory_reserved`` with ``reserved``; a verdict with whether ``device_total`` fits
 the card. A setup torchfit cannot express yet is listed with the reason, never
 approximated silently. Ambiguous cases and the held-out set are reported apart.
@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import published_cases as published
 import torch
+from published_data import Case, load
 from published_models import adam_of, rasbt_step, torchvision_vit_l_16
 
 from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, to_device
@@ -188,25 +188,13 @@ QUANTITY = {
 }
 
 
-#: The publications the cases come from, by the start of their citation: one repository can
-#: hold several independent measurements (another author, year, script and machine).
-SOURCES = {
-    "huggingface/transformers docs/source/en/perf_train_gpu_one": "HF single-GPU training guide",
-    "huggingface/transformers docs/source/en/llm_tutorial_optimization": "HF LLM inference guide",
-    "Lightning-AI/litgpt tutorials/resource-tables": "Lit-GPT resource tables",
-    "Lightning-AI/litgpt config_hub": "LitGPT config-hub benchmarks",
-    "Lightning-AI/litgpt tutorials/quantize": "Lit-GPT quantization tutorial",
-    "premAI-io/benchmarks": "Prem AI engine benchmarks",
-    "QwenLM/Qwen2.5 docs/source/benchmark/speed_benchmark": "Qwen2.5 speed benchmark",
-}
+def source_of(case: Case) -> str:
+    """The publication ``case`` comes from (its source's ``publication`` in the data file).
 
-
-def source_of(case: published.Case) -> str:
-    """The publication ``case`` comes from: a `SOURCES` name, else its repository."""
-    return next(
-        (name for start, name in SOURCES.items() if case.source.startswith(start)),
-        case.source.split(" ")[0],
-    )
+    One repository can hold several independent measurements (another author, year,
+    script and machine), each its own publication.
+    """
+    return case.publication
 
 
 #: Figures torchfit's own constants were set from: comparing with them tests nothing.
@@ -226,7 +214,7 @@ class NotExpressible(Exception):  # noqa: N818 - a reason, not a failure
 class Row:
     """One case compared (or the reason it could not be)."""
 
-    case: published.Case
+    case: Case
     heldout: bool
     predicted: int | None = None
     verdict: str | None = None
@@ -258,7 +246,7 @@ _TARGETS = (
 )
 
 
-def _lora(case: published.Case) -> dict[str, Any]:
+def _lora(case: Case) -> dict[str, Any]:
     """``lora_rank``, ``lora_targets`` and ``lora_dropout`` from the source's LoRA text."""
     text = case.lora or ""
     rank = re.search(r"r=(\d+)", text)
@@ -297,7 +285,7 @@ LITGPT = ("Lit-GPT", "litgpt")
 LITGPT_ACTIVATIONS = {"gelu_new": "gelu_pytorch_tanh"}
 
 
-def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
+def setting(case: Case) -> tuple[Any, dict[str, Any]]:
     """The model (a catalog name or a config) and `estimate` keywords for ``case``.
 
     Raises:
@@ -343,7 +331,7 @@ def setting(case: published.Case) -> tuple[Any, dict[str, Any]]:
     return model, kwargs
 
 
-def _bitsandbytes(case: published.Case, kwargs: dict[str, Any]) -> None:
+def _bitsandbytes(case: Case, kwargs: dict[str, Any]) -> None:
     """The bitsandbytes version ``case`` names, for a quantized run (default: the installed)."""
     bnb = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", case.cuda_torch or "")
     if kwargs.get("dtype") in {"nf4", "int8"} and bnb is not None:
@@ -356,7 +344,7 @@ _TRACED_DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16, "fp16-mixe
 _TRACED_AUTOCAST = {"fp16-mixed": torch.float16}
 
 
-def _traced(case: published.Case) -> Trace:
+def _traced(case: Case) -> Trace:
     """``case``'s own loop traced on fake tensors (a model in `MODULES`)."""
     dtype = _TRACED_DTYPES.get(str(case.precision))
     if dtype is None:
@@ -376,7 +364,7 @@ def _traced(case: published.Case) -> Trace:
     return trace_step(step, model, optimizer, images, labels, device="cuda", warmup=1)
 
 
-def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
+def _training(case: Case, kwargs: dict[str, Any]) -> None:
     """The training knobs of ``case``, added to ``kwargs``; NotExpressible if one has none."""
     kwargs["gradient_accumulation_steps"] = case.gradient_accumulation_steps or 1
     if case.optimizer not in OPTIMIZERS:
@@ -401,7 +389,7 @@ def _training(case: published.Case, kwargs: dict[str, Any]) -> None:
         kwargs.update(_lora(case))
 
 
-def on_device(case: published.Case) -> tuple[MemoryEstimate, GPU]:
+def on_device(case: Case) -> tuple[MemoryEstimate, GPU]:
     """torchfit's device view of ``case`` and the card it ran on.
 
     Raises:
@@ -423,7 +411,7 @@ def on_device(case: published.Case) -> tuple[MemoryEstimate, GPU]:
     return to_device(found, gpu=card, cuda_version=cuda), card
 
 
-def compare(case: published.Case, *, heldout: bool) -> Row:
+def compare(case: Case, *, heldout: bool) -> Row:
     """Estimate ``case`` and read the figure its source measured."""
     try:
         device, card = on_device(case)
@@ -605,9 +593,10 @@ def main(argv: list[str] | None = None) -> None:
     what.add_argument("--heldout", action="store_true", help="only the held-out cases")
     what.add_argument("--readme", action="store_true", help="the README's paragraph on these runs")
     args = parser.parse_args(argv)
-    cases = [(case, True) for case in published.HELDOUT]
+    data = load()
+    cases = [(case, True) for case in data.heldout]
     if not args.heldout:
-        cases = [(case, False) for case in published.CASES] + cases
+        cases = [(case, False) for case in data.cases] + cases
     rows = [compare(case, heldout=heldout) for case, heldout in cases]
     if args.readme:
         plain = [row for row in rows if not row.reason and not row.case.ambiguous]

@@ -1,8 +1,9 @@
-"""benchmarks/published_cases.py holds what others measured: keep the data honest.
+"""benchmarks/published_runs.toml holds what others measured: keep the data honest.
 
 Every case cites its source and quotes it, names a quantity torchfit can compare, and the
-held-out split holds fully specified cases only. The benchmark's mapping of a setup onto
-`estimate` is checked on a few cases whose reading is fixed by the cited sources.
+held-out split holds fully specified cases only; the loader refuses a record it cannot
+read. The benchmark's mapping of a setup onto `estimate` is checked on a few cases whose
+reading is fixed by the cited sources.
 """
 
 import sys
@@ -15,10 +16,11 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import published  # noqa: E402 - benchmarks/ is not a package
-import published_cases as data  # noqa: E402
+import published_data as data  # noqa: E402
 import published_models  # noqa: E402
 
-ALL = (*data.CASES, *data.HELDOUT)
+LOADED = data.load()
+ALL = (*LOADED.cases, *LOADED.heldout)
 
 
 @pytest.mark.parametrize("case", ALL, ids=[c.key for c in ALL])
@@ -34,9 +36,9 @@ def test_every_case_is_cited_and_quoted(case):
 def test_keys_are_unique_and_the_held_out_set_is_fully_specified():
     keys = [c.key for c in ALL]
     assert len(keys) == len(set(keys))
-    assert data.HELDOUT  # the split exists
-    assert not any(c.ambiguous for c in data.HELDOUT)
-    assert {c.key for c in data.HELDOUT} <= set(keys)
+    assert LOADED.heldout  # the split exists
+    assert not any(c.ambiguous for c in LOADED.heldout)
+    assert {c.key for c in LOADED.heldout} <= set(keys)
 
 
 def test_a_case_without_a_citation_is_refused():
