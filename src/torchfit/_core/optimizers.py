@@ -323,16 +323,17 @@ def make_optimizer(
         return built_bnb
     if name.is_torch_adam:
         adam = torch.optim.AdamW if name.base is OptimizerName.ADAMW else torch.optim.Adam
-        return adam(trainable, lr=1e-3, **_IMPLEMENTATION_FLAGS[name.implementation])
+        foreach, fused = _IMPLEMENTATION_FLAGS[name.implementation]
+        return adam(trainable, lr=1e-3, foreach=foreach, fused=fused)
     return _TORCH_OPTIMIZERS[name](trainable)
 
 
-#: The ``torch.optim.Adam``/``AdamW`` keyword arguments that select each implementation.
-_IMPLEMENTATION_FLAGS: dict[AdamImplementation, dict[str, bool]] = {
-    AdamImplementation.DEFAULT: {},
-    AdamImplementation.FOREACH: {"foreach": True},
-    AdamImplementation.FOR_LOOP: {"foreach": False},
-    AdamImplementation.FUSED: {"fused": True},
+#: The ``foreach`` and ``fused`` arguments of ``torch.optim.Adam``/``AdamW`` for each one.
+_IMPLEMENTATION_FLAGS: dict[AdamImplementation, tuple[bool | None, bool | None]] = {
+    AdamImplementation.DEFAULT: (None, None),
+    AdamImplementation.FOREACH: (True, None),
+    AdamImplementation.FOR_LOOP: (False, None),
+    AdamImplementation.FUSED: (None, True),
 }
 
 _TORCH_OPTIMIZERS: dict[OptimizerName, OptimizerFactory] = {
