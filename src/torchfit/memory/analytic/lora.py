@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 
@@ -130,7 +131,7 @@ class LoraSetup:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1); got {self.dropout!r}")
 
-    def dropout_width(self, shapes: dict[str, tuple[int, int]], roles: set[str]) -> int:
+    def dropout_width(self, shapes: dict[str, tuple[int, int]], roles: AbstractSet[str]) -> int:
         """Input features of the dropped copies: one per adapter, or one for q/k/v if shared.
 
         Example:
