@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from torchfit._core.optimizers import AdamImplementation
 from torchfit._core.step import OptimizerName
 from torchfit.speed.ops import Op, OpKind, Phase
 
-__all__ = ["OPTIMIZER_IMPLEMENTATIONS", "optimizer_ops"]
+__all__ = ["OPTIMIZER_IMPLEMENTATIONS", "implementation_of", "optimizer_ops"]
 
 #: How torch.optim runs a step: multi-tensor (CUDA's default), one fused kernel, a loop.
 OPTIMIZER_IMPLEMENTATIONS = ("foreach", "fused", "loop")
@@ -72,6 +73,28 @@ _PASSES[OptimizerName.PAGED_ADAMW] = _PASSES[OptimizerName.ADAMW]
 _FUSED_ADAMW = (("fused_adamw", 2, 1, 4),)
 
 
+#: This module's word for each implementation an optimizer's name can carry.
+_NAMED = {
+    AdamImplementation.FOREACH: "foreach",
+    AdamImplementation.FUSED: "fused",
+    AdamImplementation.FOR_LOOP: "loop",
+}
+
+
+def implementation_of(optimizer: OptimizerName | None, implementation: str) -> str:
+    """The implementation a step runs: the name's own (``"adamw-fused"``), or ``implementation``.
+
+    Example:
+        >>> implementation_of(OptimizerName.ADAMW_FOR_LOOP, "foreach")
+        'loop'
+        >>> implementation_of(OptimizerName.ADAMW, "fused")
+        'fused'
+    """
+    if optimizer is None:
+        return implementation
+    return _NAMED.get(optimizer.implementation, implementation)
+
+
 def _launches(elements: int, tensors: int) -> int:
     """Kernel launches of one multi-tensor op over ``tensors`` tensors of ``elements``."""
     blocks = math.ceil(elements / _CHUNK)
@@ -94,7 +117,8 @@ def optimizer_ops(
         param_bytes: Bytes per element of the parameters and gradients (2 or 4).
         state_bytes: Bytes per element of 32-bit-style state (the parameter dtype in
             ``torch.optim``: 2 for ``*-true`` 16-bit training, else 4).
-        implementation: ``"foreach"``, ``"fused"`` (AdamW/Adam only) or ``"loop"``.
+        implementation: ``"foreach"``, ``"fused"`` (AdamW/Adam only) or ``"loop"``; a
+            name that carries one (``"adamw-fused"``) overrides it (`implementation_of`).
 
     Returns:
         Memory-bound `Op` rows of the optimizer phase (one per kernel and launch shape).
@@ -106,6 +130,8 @@ def optimizer_ops(
     """
     if optimizer is None or optimizer is OptimizerName.NONE or not sizes:
         return ()
+    implementation = implementation_of(optimizer, implementation)
+    optimizer = optimizer.base
     total = int(sum(sizes))
     ops: list[Op] = []
     if optimizer in {OptimizerName.ADAMW_8BIT, OptimizerName.PAGED_ADAMW_8BIT}:

@@ -30,7 +30,7 @@ from torchfit.memory.kernels.cuda import FusedSdpa
 from torchfit.memory.tracing.session import copy_to_fake, new_fake_mode
 from torchfit.speed.build import Built
 from torchfit.speed.ops import Op, OpKind, Phase, merge
-from torchfit.speed.optimizer import optimizer_ops
+from torchfit.speed.optimizer import implementation_of, optimizer_ops
 from torchfit.speed.record import OpRecorder
 
 __all__ = ["Workload", "hold_quantized_in", "record_workload"]
@@ -262,7 +262,8 @@ def record_workload(
         if grad_scaler and sizes:  # GradScaler.unscale_: gradients read and written once
             moved = 2.0 * sum(sizes) * param_bytes
             ops.append(Op("unscale", OpKind.MEMORY, Phase.OPTIMIZER, 0.0, moved, "fp32"))
-        notes.append(f"optimizer: {optimizer.value if optimizer else 'none'} ({implementation})")
+        ran = implementation_of(optimizer, implementation)
+        notes.append(f"optimizer: {optimizer.value if optimizer else 'none'} ({ran})")
     tokens = None if built.tokens is None else built.tokens * batch_size * accumulation
     if new_tokens:
         tokens = batch_size * new_tokens

@@ -110,7 +110,7 @@ class BlockSettings:
         terms = [Term(f"LoRA: lora_B inputs ({count} adapters)", ranks * e)]
         if lora.dropout > 0:
             mask = dropout_mask_bytes(self.dtype, self.device)
-            width = sum(shapes[role][0] for role in roles)
+            width = lora.dropout_width(shapes, roles)
             terms.append(Term("LoRA dropout: masks and dropped inputs", width * (mask + e)))
         if lora.dora:  # (m - 1) * base_result + m * lora_result keeps both outputs
             outputs = sum(shapes[role][1] for role in roles)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 
@@ -71,6 +72,8 @@ FAMILY_NAMES: dict[Family, dict[str, tuple[str, ...]]] = {
 _HEAD = frozenset({"head", "lm_head", "output"})
 #: Roles outside the blocks, one Linear per model (BERT's masked-LM head transform).
 _ONCE = frozenset({"transform"})
+#: The roles that read the block's normed input (one fused Linear in Lit-GPT).
+_QKV = frozenset({"q", "k", "v", "qkv"})
 #: The roles of a block's Linears.
 BLOCK_ROLES = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "fc", "down"})
 
@@ -103,6 +106,12 @@ class LoraSetup:
             the adapter's outputs kept for it (`torchfit.memory.analytic.loraconfig`).
         saved: ``modules_to_save`` that are the head (``"head"``) or the input embedding
             (``"embedding"``): a trainable copy beside the frozen original.
+        shared_qkv_dropout: One dropout mask and one dropped input shared by the query,
+            key and value adapters, which all read the block's normed input: Lit-GPT's
+            ``LoRAQKVLinear.forward`` runs ``F.linear(self.lora_dropout(x), self.lora_A)``
+            once over the stacked ``lora_A`` of every enabled q/k/v (litgpt/lora.py).
+            ``False`` (PEFT): each targeted module has its own ``lora_dropout`` and keeps
+            its own mask and copy.
     """
 
     rank: int
@@ -113,6 +122,7 @@ class LoraSetup:
     ranks: tuple[tuple[str, int], ...] = ()
     dora: bool = False
     saved: frozenset[str] = frozenset()
+    shared_qkv_dropout: bool = False
 
     def __post_init__(self) -> None:
         """Refuse a rank below 1 and a dropout outside [0, 1)."""
@@ -120,6 +130,23 @@ class LoraSetup:
             raise ValueError(f"lora_rank must be an int >= 1; got {self.rank!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1); got {self.dropout!r}")
+
+    def dropout_width(self, shapes: dict[str, tuple[int, int]], roles: AbstractSet[str]) -> int:
+        """Input features of the dropped copies: one per adapter, or one for q/k/v if shared.
+
+        Example:
+            >>> shapes = {"q": (64, 64), "v": (64, 16), "down": (256, 64)}
+            >>> roles = {"q", "v", "down"}
+            >>> LoraSetup(8, frozenset(roles)).dropout_width(shapes, roles)
+            384
+            >>> LoraSetup(8, frozenset(roles), shared_qkv_dropout=True).dropout_width(shapes, roles)
+            320
+        """
+        widths = [shapes[role][0] for role in roles]
+        if not self.shared_qkv_dropout:
+            return sum(widths)
+        fused = [shapes[role][0] for role in roles & _QKV]
+        return sum(widths) - sum(fused) + max(fused, default=0)
 
     def rank_of(self, role: str) -> int:
         """The rank of the adapter on ``role`` (``rank_pattern``, else ``rank``)."""

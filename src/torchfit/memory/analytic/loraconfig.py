@@ -252,7 +252,7 @@ def lora_setup(
     targets: str | Iterable[str] | None = None,
     dropout: float | None = None,
 ) -> LoraSetup:
-    """The adapters `estimate` plans: a ``peft.LoraConfig``, a rank and targets, or defaults.
+    """The adapters `estimate` plans: a ``peft.LoraConfig``, a `LoraSetup`, a rank and targets.
 
     The defaults are PEFT's for the family: ``r=8`` on q and v (`DEFAULT_TARGETS`).
 
@@ -270,6 +270,8 @@ def lora_setup(
                 "describe the adapters; pass one of them (the LoraConfig has r, "
                 "target_modules and lora_dropout)"
             )
+        if isinstance(lora, LoraSetup):  # already ours, e.g. with shared_qkv_dropout=True
+            return lora
         return lora_from_peft(spec, lora)
     roles, head = resolve_targets(
         spec, DEFAULT_TARGETS[spec.family] if targets is None else targets

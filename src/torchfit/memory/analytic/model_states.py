@@ -83,7 +83,7 @@ def optimizer_state_bytes(
         >>> optimizer_state_bytes("paged-adamw", trainable=10**6, param_dtype=DType.BF16)
         8000000
     """
-    name = parse_optimizer(optimizer)
+    name = parse_optimizer(optimizer).base  # the implementation keeps the same state
     per_element = {
         OptimizerName.NONE: 0.0,
         OptimizerName.SGD: 0.0,

@@ -7,7 +7,8 @@ The peak of a training step is the larger of two moments (the tests check both):
   backward (with gradient checkpointing: the recomputed block, once the loss's
   gradients are gone);
 * the optimizer step: weights, optimizer state, all gradients, and the optimizer's
-  temporaries (``foreach`` lists on CUDA, one tensor at a time on CPU).
+  temporaries (`adam_step_temporaries`: by default ``foreach`` lists on CUDA, one tensor
+  at a time on CPU; none for ``fused=True``).
 
 Between the two, activations are freed as gradients appear, so the line between them
 holds no higher point.
@@ -35,6 +36,7 @@ from torchfit.memory.analytic.moe import (
     moe_backward_width,
     moe_block_terms,
 )
+from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
 from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
@@ -196,16 +198,13 @@ def _step_temporaries(
     in_backward: bool,
     notes: list[str],
 ) -> int:
-    """Temporaries of the optimizer step (AdamW: sqrt of v, then its quotient), in bytes."""
-    if opt in {OptimizerName.ADAM, OptimizerName.ADAMW}:
-        if device == "cuda":
-            step_temp = math.ceil(trainable * elem)  # foreach: one list the size of all parameters
-            notes.append("optimizer step: foreach temporaries (CUDA default)")
-        else:
-            step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
-            notes.append("optimizer step: one tensor at a time (CPU default)")
-    else:
-        step_temp = 0
+    """Temporaries of the optimizer step (Adam: `adam_step_temporaries`), in bytes."""
+    largest = _largest_tensor(spec)
+    step_temp = 0
+    if not in_backward:
+        step_temp = adam_step_temporaries(
+            opt, device=device, trainable=trainable, largest=largest, elem=elem, notes=notes
+        )
     # End of backward with tied embeddings: the embedding's dense gradient arrives while the
     # LM head's gradient is already in .grad, and their sum is a third tensor (measured).
     tied_sum = math.ceil(2 * spec.vocab * spec.hidden * elem) if spec.tied_embeddings else 0
@@ -214,6 +213,15 @@ def _step_temporaries(
         # Each parameter steps as soon as its gradient is accumulated and the gradient is
         # freed (torchtune's optimizer_in_bwd): no moment holds all gradients, and the
         # step's temporaries are one tensor's.
-        step_temp = math.ceil(2 * min(trainable, _largest_tensor(spec)) * elem)
+        step_temp = math.ceil(2 * min(trainable, largest) * elem)
+        if opt.is_torch_adam:
+            step_temp = adam_step_temporaries(
+                opt,
+                device=device,
+                trainable=trainable,
+                largest=largest,
+                elem=elem,
+                per_parameter=True,
+            )
         notes.append("optimizer step in backward: one parameter's gradient and update at a time")
     return step_temp

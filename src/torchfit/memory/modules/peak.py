@@ -22,6 +22,7 @@ from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.formulas import FP32
 from torchfit.memory.analytic.model_states import model_state_bytes
+from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
 from torchfit.memory.kernels.calls import scratch_of
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.layout import cpu_layout
@@ -204,7 +205,8 @@ def estimate_module(
     remaining = report.total
     scale = FP32 / compute.itemsize if mixed else 1.0
     largest = max((p.numel() for p in model.parameters()), default=0) * FP32
-    adam = parse_optimizer(optimizer) in {OptimizerName.ADAM, OptimizerName.ADAMW}
+    name = parse_optimizer(optimizer)
+    adam = name.is_torch_adam
     # accumulated or kept gradients: all of them exist while the next micro-batch runs;
     # each layer's new gradient is a transient added into them in place
     kept = states.gradients if loop.gradients_during_forward else 0
@@ -213,7 +215,11 @@ def estimate_module(
     # optimizer step in backward: once a layer's backward is done, its parameter gradient
     # and the input gradient it passes on meet Adam's update temporaries (two tensors of
     # the parameter's size on one tensor at a time; the largest parameter, to be safe)
-    in_step = 2 * largest if loop.optimizer_in_backward and adam else 0
+    in_step = 0
+    if loop.optimizer_in_backward and adam:
+        in_step = adam_step_temporaries(
+            name, device=device, trainable=largest, largest=largest, elem=1, per_parameter=True
+        )
     grads = 0
     best = (remaining + report.output_bytes, kept, "start of backward")
     for record in reversed(report.records):
@@ -227,9 +233,10 @@ def estimate_module(
             best = (remaining + transient, held, record.name)
         remaining -= record.saved
         grads += math.ceil(record.param_bytes * scale)
-    step_temp = 0
-    if adam:
-        step_temp = states.gradients if device == "cuda" else 2 * largest
+    # Adam's temporaries, in the state's dtype (that of the gradients), in bytes
+    step_temp = adam_step_temporaries(
+        name, device=device, trainable=states.gradients, largest=largest, elem=1
+    )
     workspace = 0
     if not loop.optimizer_in_backward and states.gradients + step_temp > best[0] + best[1]:
         best = (0, states.gradients, "optimizer step")
