@@ -28,6 +28,8 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.context import (
@@ -44,6 +46,7 @@ from torchfit.memory.allocator.rules import (
     K_SMALL_BUFFER,
     check_nbytes,
 )
+from torchfit.memory.allocator.schedule import step_schedule
 from torchfit.memory.allocator.simulator import replay
 from torchfit.memory.result import MemoryEstimate
 
@@ -262,7 +265,10 @@ def to_device(
             "warmup= was given without events=; pass the step's events too (a trace's "
             "events and warmup_events), or neither for the approximation"
         )
-    if events is None:
+    oom_line = None
+    if events is None and estimate.outline is not None:
+        reserved, oom_line = _outline_reserved(estimate, extra, total, notes)
+    elif events is None:
         reserved = approximate_reserved(total, fragmentation=fragmentation)
         notes.append(
             f"reserved approximated from the allocated peak: +{fragmentation:.0%} "
@@ -311,4 +317,59 @@ def to_device(
         reserved=reserved,
         context=context,
         notes=tuple(dict.fromkeys(notes)),
+        oom_line=oom_line,
     )
+
+
+def _outline_reserved(
+    estimate: MemoryEstimate, workspace: int, total: int, notes: list[str]
+) -> tuple[int, int]:
+    """Reserved bytes and the OOM line from the replayed `step_schedule` of the outline."""
+    assert estimate.outline is not None  # noqa: S101 - the caller checked
+    schedule = step_schedule(estimate.outline)
+    warm = list(schedule.warmup)
+    if workspace:
+        warm.insert(0, (_WORKSPACE_KEY, workspace))
+    stats = replay(schedule.events, warmup=warm)
+    # What the closed form counts beyond the outline's tensors (small buffers, rounding)
+    # is added as whole 2 MiB pages.
+    missing = max(total - stats.peak_allocated, 0)
+    reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
+    line = smallest_capacity(schedule.events, warmup=warm, upper=stats.peak_reserved)
+    notes.append(
+        f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
+        f"events after a warm-up of {len(warm)}) replayed through the allocator model; it "
+        f"runs out of memory below {format_bytes(line)} reserved"
+    )
+    return max(reserved, total), line + (reserved - stats.peak_reserved)
+
+
+def smallest_capacity(
+    events: Sequence[Sequence[object]],
+    *,
+    warmup: Sequence[Sequence[object]] | None = None,
+    upper: int | None = None,
+) -> int:
+    """The smallest allocator capacity (2 MiB steps) in which ``events`` replay without OOM.
+
+    Below the peak reserved of an unlimited replay a step can still fit: when
+    ``cudaMalloc`` fails the allocator releases its cached free segments and retries.
+    This bisects over the capacity with `replay`'s ``capacity``.
+
+    Example:
+        >>> MiB = 2**20
+        >>> steps = [("a", 30 * MiB), ("a",), ("b", 40 * MiB)]
+        >>> replay(steps).peak_reserved // MiB, smallest_capacity(steps) // MiB
+        (70, 40)
+    """
+    top = upper if upper is not None else replay(events, warmup=warmup).peak_reserved
+    low, high = 0, -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits
+    while high - low > 1:
+        mid = (low + high) // 2
+        try:
+            replay(events, warmup=warmup, capacity=mid * K_ROUND_LARGE)
+        except torch.OutOfMemoryError:
+            low = mid
+        else:
+            high = mid
+    return high * K_ROUND_LARGE

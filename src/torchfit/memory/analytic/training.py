@@ -30,6 +30,7 @@ from torchfit.memory.analytic.blocks import (
 )
 from torchfit.memory.analytic.formulas import INT64
 from torchfit.memory.analytic.model_states import ModelStates
+from torchfit.memory.analytic.outline import training_outline
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
     moe_backward_width,
@@ -183,6 +184,29 @@ def training_peak(
         notes=tuple(notes),
         layers=layers if act else (),
         peak_at=peak_at,
+        outline=None
+        if loss_chunk is not None
+        or in_backward
+        or spec.moe is not None
+        or spec.family.value not in {"gpt2", "llama"}  # outlines: decoders only
+        or kept_grads
+        or loop.keep_output
+        else training_outline(
+            spec,
+            settings,
+            tokens=tokens,
+            weights=weights,
+            gradients=states.gradients,
+            optimizer=states.optimizer,
+            step_temporaries=step_temp,
+            block=block,
+            head=head_terms(spec, settings),
+            loss_grads=loss_grads,
+            block_grads=mlp_grads,
+            dequantized=dequantized,
+            checkpointing=gradient_checkpointing,
+            full=trainable == spec.num_params,
+        ),
     )
 
 
