@@ -76,13 +76,19 @@ def no_grad_block(
     """
     e, r, m = settings.dtype.itemsize, settings.residual, settings.mlp_itemsize
     h, i, kv = spec.hidden * tokens, spec.intermediate * tokens, spec.kv_dim * tokens
+    # RMSNorm in fp32: the upcast input (none over an fp32 stream) and its normalized copy
+    norm: list[Transient] = [(math.ceil(h * 4), 1)] * (1 if r < 4 else 0) + [(h * 4, 1)]
+    if spec.family is not Family.LLAMA:
+        norm = []
     attention: list[Transient] = [
+        *norm,
         (math.ceil(h * r), 3),  # normed input
         (math.ceil(h * e), 3),  # q
         (math.ceil(kv * e), 2),  # k
         (math.ceil(kv * e), 1),  # v
         (core, 1),  # attention output
         (math.ceil(h * e), 1),  # o_proj output
+        *norm,
         (math.ceil(h * r), 3),  # normed input of the MLP
     ]
     if spec.family is Family.LLAMA:
