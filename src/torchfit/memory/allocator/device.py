@@ -265,9 +265,12 @@ def to_device(
             "warmup= was given without events=; pass the step's events too (a trace's "
             "events and warmup_events), or neither for the approximation"
         )
-    oom_line = None
+    replayed = None
     if events is None and estimate.outline is not None:
-        reserved, oom_line = _outline_reserved(estimate, extra, total, notes)
+        replayed = _outline_reserved(estimate, extra, total, notes)
+    oom_line = None if replayed is None else replayed[1]
+    if replayed is not None:
+        reserved = replayed[0]
     elif events is None:
         reserved = approximate_reserved(total, fragmentation=fragmentation)
         notes.append(
@@ -321,16 +324,31 @@ def to_device(
     )
 
 
+#: How far the outline's replayed allocated peak may stray from the estimate's total
+#: before the outline is taken to describe another step (a sharded or loading estimate
+#: derived from it) and the approximation is used instead.
+_OUTLINE_AGREEMENT = 0.10
+
+
 def _outline_reserved(
     estimate: MemoryEstimate, workspace: int, total: int, notes: list[str]
-) -> tuple[int, int]:
-    """Reserved bytes and the OOM line from the replayed `step_schedule` of the outline."""
-    assert estimate.outline is not None  # noqa: S101 - the caller checked
-    schedule = step_schedule(estimate.outline)
+) -> tuple[int, int] | None:
+    """Reserved bytes and the OOM line from the replayed `step_schedule` of the outline.
+
+    None when the outline does not describe this estimate's step (its weights differ,
+    or its replayed allocated peak is more than `_OUTLINE_AGREEMENT` away from
+    ``total``): an estimate rescaled or replaced after the closed form made it.
+    """
+    outline = estimate.outline
+    if outline is None or outline.weights != estimate.weights:
+        return None
+    schedule = step_schedule(outline)
     warm = list(schedule.warmup)
     if workspace:
         warm.insert(0, (_WORKSPACE_KEY, workspace))
     stats = replay(schedule.events, warmup=warm)
+    if abs(stats.peak_allocated / total - 1) > _OUTLINE_AGREEMENT:
+        return None
     # What the closed form counts beyond the outline's tensors (small buffers, rounding)
     # is added as whole 2 MiB pages.
     missing = max(total - stats.peak_allocated, 0)
