@@ -12,9 +12,7 @@ import pytest
 import transformers
 
 from torchfit.memory import estimate
-from torchfit.memory.allocator import replay, to_device
-from torchfit.memory.allocator.device import smallest_capacity
-from torchfit.memory.allocator.schedule import step_schedule
+from torchfit.memory.allocator import replay, smallest_capacity, step_schedule, to_device
 from torchfit.memory.outline import StepOutline
 
 MiB = 2**20
@@ -63,7 +61,7 @@ def test_the_warm_up_creates_the_state_after_backward_and_the_step_starts_with_i
     last_grad = max(i for i, (k, a) in enumerate(warm) if k[0] == "grad" and a)
     first_state = warm.index((("state", 0), True))
     assert first_state > last_grad
-    assert warm[: first_state].count((("state", 0), True)) == 0
+    assert warm[:first_state].count((("state", 0), True)) == 0
     start = [k for k, _ in _keys(s.events)[:5]]
     assert start == [("weight", 0), ("weight", 1), ("input", 0), ("state", 0), ("state", 1)]
     assert (("state", 0), True) not in _keys(s.events)[5:]
@@ -136,14 +134,24 @@ SHARED = [
         "a",
         0.02,
         LLAMA_1B,
-        {"batch_size": 8, "seq_len": 2048, "precision": "bf16-true", "gradient_checkpointing": True},
+        {
+            "batch_size": 8,
+            "seq_len": 2048,
+            "precision": "bf16-true",
+            "gradient_checkpointing": True,
+        },
     ),
     (
         "T1_llama3b_bf16true_gc_b4_s4096",
         "b",
         0.02,
         LLAMA_3B,
-        {"batch_size": 4, "seq_len": 4096, "precision": "bf16-true", "gradient_checkpointing": True},
+        {
+            "batch_size": 4,
+            "seq_len": 4096,
+            "precision": "bf16-true",
+            "gradient_checkpointing": True,
+        },
     ),
     (
         "T03_llama1b_bf16true_b4_s2048",
@@ -162,8 +170,12 @@ SHARED = [
 ]
 
 
-@pytest.mark.parametrize(("case", "run", "error", "config", "words"), SHARED, ids=[c[0] for c in SHARED])
-def test_the_replayed_schedule_lands_near_the_measured_reserved_peak(case, run, error, config, words):
+@pytest.mark.parametrize(
+    ("case", "run", "error", "config", "words"), SHARED, ids=[c[0] for c in SHARED]
+)
+def test_the_replayed_schedule_lands_near_the_measured_reserved_peak(
+    case, run, error, config, words
+):
     record = _record(run, case)
     measured = (record.get("step2") or record["after"])["peak_reserved"]
     found = estimate(transformers.LlamaConfig(**config), device="cuda", **words)

@@ -28,8 +28,6 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-import torch
-
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.context import (
@@ -47,7 +45,7 @@ from torchfit.memory.allocator.rules import (
     check_nbytes,
 )
 from torchfit.memory.allocator.schedule import step_schedule
-from torchfit.memory.allocator.simulator import replay
+from torchfit.memory.allocator.simulator import replay, smallest_capacity
 from torchfit.memory.result import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -266,7 +264,7 @@ def to_device(
             "events and warmup_events), or neither for the approximation"
         )
     replayed = None
-    if events is None and estimate.outline is not None:
+    if events is None:
         replayed = _outline_reserved(estimate, extra, total, notes)
     oom_line = None if replayed is None else replayed[1]
     if replayed is not None:
@@ -279,25 +277,14 @@ def to_device(
             "(pass events= for an exact replay)"
         )
     else:
-        trace = list(events)
-        warm = None if warmup is None else list(warmup)
-        if extra:
-            (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, extra))
-        stats = replay(trace, warmup=warm)
-        reserved = stats.peak_reserved
-        after = "" if warm is None else f", after {len(warm)} of the warm-up step's"
-        notes.append(
-            f"reserved replayed exactly from {len(trace)} allocator events{after} "
-            f"(peak allocated {format_bytes(stats.peak_allocated)})"
+        reserved = _events_reserved(
+            events,
+            warmup,
+            workspace=extra,
+            total=total,
+            fragmentation=fragmentation,
+            notes=notes,
         )
-        missing = total - stats.peak_allocated
-        if missing > 0:
-            reserved += approximate_reserved(missing, fragmentation=fragmentation)
-            notes.append(
-                f"the events cover {format_bytes(stats.peak_allocated)} of the "
-                f"{format_bytes(total)} allocated peak; the other "
-                f"{format_bytes(missing)} is approximated"
-            )
     if context_bytes is None:
         context, source = context_and_source(
             record, lazy_loading=lazy_loading, cuda_version=cuda_version
@@ -362,32 +349,33 @@ def _outline_reserved(
     return max(reserved, total), line + (reserved - stats.peak_reserved)
 
 
-def smallest_capacity(
-    events: Sequence[Sequence[object]],
+def _events_reserved(
+    events: Iterable[Sequence[object]],
+    warmup: Iterable[Sequence[object]] | None,
     *,
-    warmup: Sequence[Sequence[object]] | None = None,
-    upper: int | None = None,
+    workspace: int,
+    total: int,
+    fragmentation: float,
+    notes: list[str],
 ) -> int:
-    """The smallest allocator capacity (2 MiB steps) in which ``events`` replay without OOM.
-
-    Below the peak reserved of an unlimited replay a step can still fit: when
-    ``cudaMalloc`` fails the allocator releases its cached free segments and retries.
-    This bisects over the capacity with `replay`'s ``capacity``.
-
-    Example:
-        >>> MiB = 2**20
-        >>> steps = [("a", 30 * MiB), ("a",), ("b", 40 * MiB)]
-        >>> replay(steps).peak_reserved // MiB, smallest_capacity(steps) // MiB
-        (70, 40)
-    """
-    top = upper if upper is not None else replay(events, warmup=warmup).peak_reserved
-    low, high = 0, -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits
-    while high - low > 1:
-        mid = (low + high) // 2
-        try:
-            replay(events, warmup=warmup, capacity=mid * K_ROUND_LARGE)
-        except torch.OutOfMemoryError:
-            low = mid
-        else:
-            high = mid
-    return high * K_ROUND_LARGE
+    """Reserved bytes of the caller's exact events (and warm-up), the rest approximated."""
+    trace = list(events)
+    warm = None if warmup is None else list(warmup)
+    if workspace:
+        (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, workspace))
+    stats = replay(trace, warmup=warm)
+    reserved = stats.peak_reserved
+    after = "" if warm is None else f", after {len(warm)} of the warm-up step's"
+    notes.append(
+        f"reserved replayed exactly from {len(trace)} allocator events{after} "
+        f"(peak allocated {format_bytes(stats.peak_allocated)})"
+    )
+    missing = total - stats.peak_allocated
+    if missing > 0:
+        reserved += approximate_reserved(missing, fragmentation=fragmentation)
+        notes.append(
+            f"the events cover {format_bytes(stats.peak_allocated)} of the "
+            f"{format_bytes(total)} allocated peak; the other "
+            f"{format_bytes(missing)} is approximated"
+        )
+    return reserved

@@ -123,8 +123,8 @@ def _head(w: _Writer, o: StepOutline) -> None:
     w.free(("logits",), o.logits)
 
 
-def _backward(w: _Writer, o: StepOutline) -> None:
-    """From the loss down to the embeddings, the weights' gradients appearing as it goes."""
+def _loss_backward(w: _Writer, o: StepOutline) -> None:
+    """The loss's gradients, the logits' (back in the compute dtype), the head's weights'."""
     grads = list(enumerate(o.loss_grads))
     for j, nbytes in grads:
         w.alloc(("dloss", j), nbytes)
@@ -132,18 +132,22 @@ def _backward(w: _Writer, o: StepOutline) -> None:
         w.free(("dloss", j), nbytes)
     if o.loss:
         w.free(("loss", len(o.loss) - 1), o.loss[-1])
+    last: tuple[tuple[object, ...], int] = (("dloss", len(grads) - 1), grads[-1][1] if grads else 0)
     upcast = len(o.loss) > 1  # the logits' gradient goes back to the compute dtype
     if upcast:
         w.alloc(("dlogits",), o.logits)
-        w.free(("dloss", len(grads) - 1), grads[-1][1] if grads else 0)
+        w.free(*last)
+        last = (("dlogits",), o.logits)
     for j, nbytes in enumerate(o.head_gradients):
         w.alloc(("grad", "head", j), nbytes)
+    w.alloc(("dh", o.num_layers - 1), o.residual)
+    w.free(*last)
+
+
+def _backward(w: _Writer, o: StepOutline) -> None:
+    """From the loss down to the embeddings, the weights' gradients appearing as it goes."""
+    _loss_backward(w, o)
     top = o.num_layers - 1
-    w.alloc(("dh", top), o.residual)
-    if upcast:
-        w.free(("dlogits",), o.logits)
-    elif grads:
-        w.free(("dloss", len(grads) - 1), grads[-1][1])
     for j, nbytes in enumerate(o.head_saved):
         w.free(("head", j), nbytes)
     w.free(("h", top), o.residual)

@@ -73,7 +73,7 @@ def inference_estimate(
     if new_tokens is None:
         if spec.moe is not None or dequantized:
             return found
-        core = hidden if settings.attention.value != "eager" else mask
+        core = hidden if settings.attention.value != "eager" else math.ceil(mask)
         outline = forward_outline(
             spec, settings, tokens=tokens, weights=weights, kv_cache=kv, core=core
         )

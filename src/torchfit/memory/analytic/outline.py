@@ -56,8 +56,8 @@ def _saved_tensors(spec: TransformerSpec, terms: Sequence[Term], tokens: int) ->
         count = 1
         if term.name.startswith("SwiGLU"):
             count = 3
-        elif term.name.endswith("intermediates") or term.name.endswith(" input") and (
-            spec.activation in term.name
+        elif term.name.endswith("intermediates") or (
+            term.name.endswith(" input") and (spec.activation in term.name)
         ):
             count = _MLP_TENSORS.get(spec.activation, 1)
         out += [p for p in split(nbytes, [1] * count) if p]
@@ -145,9 +145,11 @@ def training_outline(
     """The `StepOutline` of a training step from the closed form's terms (bytes)."""
     e, v = settings.dtype.itemsize, spec.vocab * tokens
     logits = math.ceil(v * e)
-    loss_term = head[[t.name.startswith("log-softmax") for t in head].index(True)] if any(
-        t.name.startswith("log-softmax") for t in head
-    ) else None
+    loss_term = (
+        head[[t.name.startswith("log-softmax") for t in head].index(True)]
+        if any(t.name.startswith("log-softmax") for t in head)
+        else None
+    )
     saved_loss = math.ceil(tokens * loss_term.per_token) if loss_term else 0
     upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < 4  # logits.float()
     loss = (math.ceil(v * 4), saved_loss) if upcast else (saved_loss,)
@@ -164,9 +166,15 @@ def training_outline(
     )
     trained = [*head_g, *layer_g * spec.num_layers, *embed_g]
     per_tensor = round(optimizer / gradients) if gradients else 0
-    states = tuple(
-        p for g in trained for p in split(math.ceil(optimizer * g / gradients), [1] * per_tensor)
-    ) if per_tensor else ()
+    states = (
+        tuple(
+            p
+            for g in trained
+            for p in split(math.ceil(optimizer * g / gradients), [1] * per_tensor)
+        )
+        if per_tensor
+        else ()
+    )
     width = 3 if spec.family is Family.LLAMA else _MLP_TENSORS.get(spec.activation, 1)
     attention = [t for t in block if t.name.startswith("attention (")]
     core = math.ceil(tokens * attention[0].per_token) if attention else 0

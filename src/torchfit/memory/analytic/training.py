@@ -30,12 +30,12 @@ from torchfit.memory.analytic.blocks import (
 )
 from torchfit.memory.analytic.formulas import INT64
 from torchfit.memory.analytic.model_states import ModelStates
-from torchfit.memory.analytic.outline import training_outline
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
     moe_backward_width,
     moe_block_terms,
 )
+from torchfit.memory.analytic.outline import training_outline
 from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
