@@ -88,10 +88,10 @@ class StepOutline:
         checks.fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            flat = [n for item in value for n in item] if field.name == "block_transient" else None
-            numbers = flat if flat is not None else value if isinstance(value, tuple) else ()
-            if field.name in {"num_layers", "residual", "logits"}:
-                numbers = (value,)
+            if isinstance(value, bool):
+                continue
+            items = value if isinstance(value, tuple) else (value,)
+            numbers = [n for item in items for n in (item if isinstance(item, tuple) else (item,))]
             bad = [n for n in numbers if isinstance(n, bool) or not isinstance(n, int) or n < 0]
             if bad:
                 raise ValueError(

@@ -54,12 +54,10 @@ def _saved_tensors(spec: TransformerSpec, terms: Sequence[Term], tokens: int) ->
     for term in terms:
         nbytes = math.ceil(tokens * term.per_token)
         count = 1
-        if term.name.startswith("SwiGLU"):
+        if term.name.startswith("SwiGLU"):  # gate, act(gate), up
             count = 3
-        elif term.name.endswith("intermediates") or (
-            term.name.endswith(" input") and (spec.activation in term.name)
-        ):
-            count = _MLP_TENSORS.get(spec.activation, 1)
+        elif term.name in {f"{spec.activation} intermediates", f"{spec.activation} input"}:
+            count = _MLP_TENSORS.get(spec.activation, 1)  # a chain of Python ops
         out += [p for p in split(nbytes, [1] * count) if p]
     return tuple(out)
 
@@ -145,11 +143,8 @@ def training_outline(
     """The `StepOutline` of a training step from the closed form's terms (bytes)."""
     e, v = settings.dtype.itemsize, spec.vocab * tokens
     logits = math.ceil(v * e)
-    loss_term = (
-        head[[t.name.startswith("log-softmax") for t in head].index(True)]
-        if any(t.name.startswith("log-softmax") for t in head)
-        else None
-    )
+    losses = [t for t in head if t.name.startswith("log-softmax")]
+    loss_term = losses[0] if losses else None
     saved_loss = math.ceil(tokens * loss_term.per_token) if loss_term else 0
     upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < 4  # logits.float()
     loss = (math.ceil(v * 4), saved_loss) if upcast else (saved_loss,)
