@@ -185,3 +185,18 @@ def test_the_replayed_schedule_lands_near_the_measured_reserved_peak(
     assert on_card.total == found.total + on_card.workspace - found.workspace
     assert on_card.oom_line is not None
     assert on_card.total <= on_card.oom_line <= on_card.reserved
+
+
+def test_an_estimate_changed_after_the_closed_form_falls_back_to_the_approximation():
+    found = estimate(
+        transformers.LlamaConfig(**{**LLAMA_1B, "num_hidden_layers": 2}),
+        device="cuda",
+        batch_size=2,
+        seq_len=256,
+    )
+    replayed = to_device(found, gpu="H200", context_bytes=0)
+    assert replayed.oom_line is not None
+    assert any("synthetic schedule" in note for note in replayed.notes)
+    halved = to_device(found.replace(weights=found.weights // 2), gpu="H200", context_bytes=0)
+    assert halved.oom_line is None
+    assert any("approximated from the allocated peak" in note for note in halved.notes)
