@@ -200,3 +200,23 @@ def test_an_estimate_changed_after_the_closed_form_falls_back_to_the_approximati
     halved = to_device(found.replace(weights=found.weights // 2), gpu="H200", context_bytes=0)
     assert halved.oom_line is None
     assert any("approximated from the allocated peak" in note for note in halved.notes)
+
+
+def test_the_oom_line_separates_the_batches_a_capped_h200_ran_from_those_it_refused():
+    # F2: Llama-3.2-1B bf16, checkpointing, s2048, the allocator capped at 20 GiB with
+    # set_per_process_memory_fraction: batch 3 ran, batch 4 ran out of memory
+    record = _record("b", "F2_llama1b_bf16true_gc_s2048_cap20")
+    cap, largest = record["cap_bytes"], record["largest_batch"]
+
+    def line(batch):
+        found = estimate(
+            transformers.LlamaConfig(**LLAMA_1B),
+            device="cuda",
+            batch_size=batch,
+            seq_len=record["seq"],
+            precision="bf16-true",
+            gradient_checkpointing=True,
+        )
+        return to_device(found, gpu="H200", context_bytes=0).oom_line
+
+    assert line(largest) <= cap < line(largest + 1)

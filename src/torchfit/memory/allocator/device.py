@@ -340,7 +340,9 @@ def _outline_reserved(
     # is added as whole 2 MiB pages.
     missing = max(total - stats.peak_allocated, 0)
     reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
-    line = smallest_capacity(schedule.events, warmup=warm, upper=stats.peak_reserved)
+    line = smallest_capacity(
+        schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
+    )
     notes.append(
         f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
         f"events after a warm-up of {len(warm)}) replayed through the allocator model; it "

@@ -169,12 +169,15 @@ def smallest_capacity(
     *,
     warmup: Sequence[Event | Sequence[object]] | None = None,
     upper: int | None = None,
+    lower: int = 0,
 ) -> int:
     """The smallest allocator capacity (2 MiB steps) in which ``events`` replay without OOM.
 
     Below the peak reserved of an unlimited replay a step can still fit: when
     ``cudaMalloc`` fails the allocator releases its cached free segments and retries.
-    This bisects over the capacity with `replay`'s ``capacity``.
+    This bisects over the capacity with `replay`'s ``capacity``, between ``lower`` (a
+    bound known not to fit or less, e.g. the peak allocated bytes) and ``upper`` (the
+    unlimited replay's peak reserved; replayed when not given).
 
     Example:
         >>> MiB = 2**20
@@ -183,7 +186,8 @@ def smallest_capacity(
         (70, 40)
     """
     top = upper if upper is not None else replay(events, warmup=warmup).peak_reserved
-    low, high = 0, -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits
+    high = -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits, low never does
+    low = min(max(lower // K_ROUND_LARGE - 1, 0), high - 1)
     while high - low > 1:
         mid = (low + high) // 2
         try:
