@@ -13,6 +13,7 @@ from typing import Any
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
+from torchfit.memory.outline import StepOutline
 
 __all__ = ["CATEGORIES", "AffineEstimate", "LayerMemory", "MemoryEstimate"]
 
@@ -71,6 +72,10 @@ class MemoryEstimate:
         notes: The rules the estimator applied, in words (e.g. the SDPA backend chosen).
         layers: Optional per-module rows (`LayerMemory`) explaining `activations`.
         peak_at: Where the peak happens (a module path or phase such as ``"backward"``).
+        outline: The step's tensors in step order (`StepOutline`), when the estimator
+            knows them: `to_device` replays them through the caching-allocator model.
+        oom_line: The smallest allocator capacity the replayed step fits in (set by
+            `to_device` from an outline; ``None`` when not replayed).
 
     Example:
         >>> e = MemoryEstimate(weights=4 * 2**20, activations=2**20)
@@ -95,6 +100,8 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()
     layers: tuple[LayerMemory, ...] = ()
     peak_at: str = ""
+    outline: StepOutline | None = dataclasses.field(default=None, repr=False, compare=False)
+    oom_line: int | None = None
 
     def __post_init__(self) -> None:
         """Reject negative or non-integer byte counts."""

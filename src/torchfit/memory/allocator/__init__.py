@@ -28,7 +28,8 @@ from torchfit.memory.allocator.rules import (
     round_request,
     segment_size,
 )
-from torchfit.memory.allocator.simulator import replay
+from torchfit.memory.allocator.schedule import Schedule, step_schedule
+from torchfit.memory.allocator.simulator import replay, smallest_capacity
 from torchfit.memory.allocator.snapshot import (
     SnapshotEvent,
     SnapshotReplay,
@@ -52,6 +53,7 @@ __all__ = [
     "K_SMALL_SIZE",
     "AllocatorStats",
     "CachingAllocator",
+    "Schedule",
     "SegmentInfo",
     "SnapshotEvent",
     "SnapshotReplay",
@@ -65,5 +67,7 @@ __all__ = [
     "replay_snapshot",
     "round_request",
     "segment_size",
+    "smallest_capacity",
+    "step_schedule",
     "to_device",
 ]

@@ -44,7 +44,8 @@ from torchfit.memory.allocator.rules import (
     K_SMALL_BUFFER,
     check_nbytes,
 )
-from torchfit.memory.allocator.simulator import replay
+from torchfit.memory.allocator.schedule import step_schedule
+from torchfit.memory.allocator.simulator import replay, smallest_capacity
 from torchfit.memory.result import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -262,7 +263,13 @@ def to_device(
             "warmup= was given without events=; pass the step's events too (a trace's "
             "events and warmup_events), or neither for the approximation"
         )
+    replayed = None
     if events is None:
+        replayed = _outline_reserved(estimate, extra, total, notes)
+    oom_line = None if replayed is None else replayed[1]
+    if replayed is not None:
+        reserved = replayed[0]
+    elif events is None:
         reserved = approximate_reserved(total, fragmentation=fragmentation)
         notes.append(
             f"reserved approximated from the allocated peak: +{fragmentation:.0%} "
@@ -270,25 +277,14 @@ def to_device(
             "(pass events= for an exact replay)"
         )
     else:
-        trace = list(events)
-        warm = None if warmup is None else list(warmup)
-        if extra:
-            (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, extra))
-        stats = replay(trace, warmup=warm)
-        reserved = stats.peak_reserved
-        after = "" if warm is None else f", after {len(warm)} of the warm-up step's"
-        notes.append(
-            f"reserved replayed exactly from {len(trace)} allocator events{after} "
-            f"(peak allocated {format_bytes(stats.peak_allocated)})"
+        reserved = _events_reserved(
+            events,
+            warmup,
+            workspace=extra,
+            total=total,
+            fragmentation=fragmentation,
+            notes=notes,
         )
-        missing = total - stats.peak_allocated
-        if missing > 0:
-            reserved += approximate_reserved(missing, fragmentation=fragmentation)
-            notes.append(
-                f"the events cover {format_bytes(stats.peak_allocated)} of the "
-                f"{format_bytes(total)} allocated peak; the other "
-                f"{format_bytes(missing)} is approximated"
-            )
     if context_bytes is None:
         context, source = context_and_source(
             record, lazy_loading=lazy_loading, cuda_version=cuda_version
@@ -311,4 +307,77 @@ def to_device(
         reserved=reserved,
         context=context,
         notes=tuple(dict.fromkeys(notes)),
+        oom_line=oom_line,
     )
+
+
+#: How far the outline's replayed allocated peak may stray from the estimate's total
+#: before the outline is taken to describe another step (a sharded or loading estimate
+#: derived from it) and the approximation is used instead.
+_OUTLINE_AGREEMENT = 0.10
+
+
+def _outline_reserved(
+    estimate: MemoryEstimate, workspace: int, total: int, notes: list[str]
+) -> tuple[int, int] | None:
+    """Reserved bytes and the OOM line from the replayed `step_schedule` of the outline.
+
+    None when the outline does not describe this estimate's step (its weights differ,
+    or its replayed allocated peak is more than `_OUTLINE_AGREEMENT` away from
+    ``total``): an estimate rescaled or replaced after the closed form made it.
+    """
+    outline = estimate.outline
+    if outline is None or outline.weights != estimate.weights:
+        return None
+    schedule = step_schedule(outline)
+    warm = list(schedule.warmup)
+    if workspace:
+        warm.insert(0, (_WORKSPACE_KEY, workspace))
+    stats = replay(schedule.events, warmup=warm)
+    if abs(stats.peak_allocated / total - 1) > _OUTLINE_AGREEMENT:
+        return None
+    # What the closed form counts beyond the outline's tensors (small buffers, rounding)
+    # is added as whole 2 MiB pages.
+    missing = max(total - stats.peak_allocated, 0)
+    reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
+    line = smallest_capacity(
+        schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
+    )
+    notes.append(
+        f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
+        f"events after a warm-up of {len(warm)}) replayed through the allocator model; it "
+        f"runs out of memory below {format_bytes(line)} reserved"
+    )
+    return max(reserved, total), line + (reserved - stats.peak_reserved)
+
+
+def _events_reserved(
+    events: Iterable[Sequence[object]],
+    warmup: Iterable[Sequence[object]] | None,
+    *,
+    workspace: int,
+    total: int,
+    fragmentation: float,
+    notes: list[str],
+) -> int:
+    """Reserved bytes of the caller's exact events (and warm-up), the rest approximated."""
+    trace = list(events)
+    warm = None if warmup is None else list(warmup)
+    if workspace:
+        (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, workspace))
+    stats = replay(trace, warmup=warm)
+    reserved = stats.peak_reserved
+    after = "" if warm is None else f", after {len(warm)} of the warm-up step's"
+    notes.append(
+        f"reserved replayed exactly from {len(trace)} allocator events{after} "
+        f"(peak allocated {format_bytes(stats.peak_allocated)})"
+    )
+    missing = total - stats.peak_allocated
+    if missing > 0:
+        reserved += approximate_reserved(missing, fragmentation=fragmentation)
+        notes.append(
+            f"the events cover {format_bytes(stats.peak_allocated)} of the "
+            f"{format_bytes(total)} allocated peak; the other "
+            f"{format_bytes(missing)} is approximated"
+        )
+    return reserved

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import torch
+
 from torchfit._core import checks
 from torchfit._core.ledger import Event
 from torchfit.memory.allocator.caching import CachingAllocator
-from torchfit.memory.allocator.rules import AllocatorStats
+from torchfit.memory.allocator.rules import K_ROUND_LARGE, AllocatorStats
 
-__all__ = ["CachingAllocator", "replay"]
+__all__ = ["CachingAllocator", "replay", "smallest_capacity"]
 
 
 def _parse(where: str, index: int, event: object) -> tuple[object, int | None]:
@@ -160,3 +162,38 @@ def replay(
         run.end_warmup()
     run.feed(events, "events")
     return run.allocator.stats()
+
+
+def smallest_capacity(
+    events: Sequence[Event | Sequence[object]],
+    *,
+    warmup: Sequence[Event | Sequence[object]] | None = None,
+    upper: int | None = None,
+    lower: int = 0,
+) -> int:
+    """The smallest allocator capacity (2 MiB steps) in which ``events`` replay without OOM.
+
+    Below the peak reserved of an unlimited replay a step can still fit: when
+    ``cudaMalloc`` fails the allocator releases its cached free segments and retries.
+    This bisects over the capacity with `replay`'s ``capacity``, between ``lower`` (a
+    bound known not to fit or less, e.g. the peak allocated bytes) and ``upper`` (the
+    unlimited replay's peak reserved; replayed when not given).
+
+    Example:
+        >>> MiB = 2**20
+        >>> steps = [("a", 30 * MiB), ("a",), ("b", 40 * MiB)]
+        >>> replay(steps).peak_reserved // MiB, smallest_capacity(steps) // MiB
+        (70, 40)
+    """
+    top = upper if upper is not None else replay(events, warmup=warmup).peak_reserved
+    high = -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits, low never does
+    low = min(max(lower // K_ROUND_LARGE - 1, 0), high - 1)
+    while high - low > 1:
+        mid = (low + high) // 2
+        try:
+            replay(events, warmup=warmup, capacity=mid * K_ROUND_LARGE)
+        except torch.OutOfMemoryError:
+            low = mid
+        else:
+            high = mid
+    return high * K_ROUND_LARGE

@@ -15,6 +15,7 @@ from torchfit.memory.analytic.blocks import BlockSettings, inference_transient
 from torchfit.memory.analytic.formulas import INT64, spec_kv_bytes
 from torchfit.memory.analytic.generation import generation_moments
 from torchfit.memory.analytic.moe import moe_inference_transient
+from torchfit.memory.analytic.outline import forward_outline
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["inference_estimate"]
@@ -70,7 +71,13 @@ def inference_estimate(
         peak_at="forward",
     )
     if new_tokens is None:
-        return found
+        if spec.moe is not None or dequantized:
+            return found
+        core = hidden if settings.attention.value != "eager" else math.ceil(mask)
+        outline = forward_outline(
+            spec, settings, tokens=tokens, weights=weights, kv_cache=kv, core=core
+        )
+        return found.replace(outline=outline)
     moments = generation_moments(
         prefill=max(transient, hidden) + dequantized,
         kv_prompt=kv,

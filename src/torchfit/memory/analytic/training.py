@@ -37,6 +37,7 @@ from torchfit.memory.analytic.moe import (
     moe_block_terms,
 )
 from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
+from torchfit.memory.analytic.outline import training_outline
 from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
@@ -185,6 +186,29 @@ def training_peak(
         notes=tuple(notes),
         layers=layers if act else (),
         peak_at=peak_at,
+        outline=None
+        if loss_chunk is not None
+        or in_backward
+        or spec.moe is not None
+        or spec.family.value not in {"gpt2", "llama"}  # outlines: decoders only
+        or kept_grads
+        or loop.keep_output
+        else training_outline(
+            spec,
+            settings,
+            tokens=tokens,
+            weights=weights,
+            gradients=states.gradients,
+            optimizer=states.optimizer,
+            step_temporaries=step_temp,
+            block=block,
+            head=head_terms(spec, settings),
+            loss_grads=loss_grads,
+            block_grads=mlp_grads,
+            dequantized=dequantized,
+            checkpointing=gradient_checkpointing,
+            full=trainable == spec.num_params,
+        ),
     )
 
 

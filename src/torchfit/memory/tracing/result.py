@@ -154,7 +154,7 @@ def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[
         raw = tracker.history[storage_id][0]
         by_category[category] += raw
         rounding += round_up(raw, tracker.block) - raw
-    fields = {name: by_category[name] for name in _CATEGORY_FIELDS}
+    fields: dict[str, Any] = {name: by_category[name] for name in _CATEGORY_FIELDS}
     estimate = MemoryEstimate(
         **fields,
         overhead=rounding,

@@ -1,0 +1,219 @@
+"""The closed form's tensors in step order: the `StepOutline` an analytic estimate carries.
+
+`training_outline` and `forward_outline` cut the closed form's byte totals into the
+tensors a real step allocates (one per weight, per saved activation, per gradient), so
+that `torchfit.memory.allocator.schedule` can replay them through the caching-allocator
+model. Totals are kept: the pieces of a category add up to the category.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torchfit.memory.analytic.arch import Family, TransformerSpec
+from torchfit.memory.analytic.blocks import BlockSettings, Term
+from torchfit.memory.analytic.formulas import INT64
+from torchfit.memory.analytic.states import parameter_shapes
+from torchfit.memory.outline import StepOutline, Transient
+
+__all__ = ["forward_outline", "no_grad_block", "split", "training_outline"]
+
+_MLP_TENSORS = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
+
+
+def split(total: int, weights: Sequence[int]) -> tuple[int, ...]:
+    """``total`` bytes cut in proportion to ``weights`` (the pieces add up to ``total``).
+
+    Example:
+        >>> split(10, [1, 1, 2])
+        (2, 3, 5)
+    """
+    whole = sum(weights)
+    if total <= 0 or whole <= 0:
+        return ()
+    cuts = [math.floor(total * c / whole) for c in _cumulative(weights)]
+    return tuple(b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True))
+
+
+def _cumulative(weights: Sequence[int]) -> list[int]:
+    out, running = [], 0
+    for w in weights:
+        running += w
+        out.append(running)
+    return out
+
+
+def _elements(spec: TransformerSpec) -> list[int]:
+    return [math.prod(shape) for shape in parameter_shapes(spec)]
+
+
+def _saved_tensors(spec: TransformerSpec, terms: Sequence[Term], tokens: int) -> tuple[int, ...]:
+    """A block's saved terms as tensors: an MLP's chain of intermediates is several."""
+    out: list[int] = []
+    for term in terms:
+        nbytes = math.ceil(tokens * term.per_token)
+        count = 1
+        if term.name.startswith("SwiGLU"):  # gate, act(gate), up
+            count = 3
+        elif term.name in {f"{spec.activation} intermediates", f"{spec.activation} input"}:
+            count = _MLP_TENSORS.get(spec.activation, 1)  # a chain of Python ops
+        out += [p for p in split(nbytes, [1] * count) if p]
+    return tuple(out)
+
+
+def no_grad_block(
+    spec: TransformerSpec, settings: BlockSettings, tokens: int, core: int
+) -> tuple[Transient, ...]:
+    """One block run without autograd: each intermediate with its lifetime.
+
+    Attention: the normed input lives through q, k and v; q through k, v and attention;
+    ``core`` is the attention's output (eager: its scores). MLP (SwiGLU): gate lives
+    through its activation, the activation and up through their product; a GELU MLP is a
+    chain where each intermediate lives through the next.
+    """
+    e, r, m = settings.dtype.itemsize, settings.residual, settings.mlp_itemsize
+    h, i, kv = spec.hidden * tokens, spec.intermediate * tokens, spec.kv_dim * tokens
+    # RMSNorm in fp32: the upcast input (none over an fp32 stream) and its normalized copy
+    norm: list[Transient] = [(math.ceil(h * 4), 1)] * (1 if r < 4 else 0) + [(h * 4, 1)]
+    if spec.family is not Family.LLAMA:
+        norm = []
+    attention: list[Transient] = [
+        *norm,
+        (math.ceil(h * r), 3),  # normed input
+        (math.ceil(h * e), 3),  # q
+        (math.ceil(kv * e), 2),  # k
+        (math.ceil(kv * e), 1),  # v
+        (core, 1),  # attention output
+        (math.ceil(h * e), 1),  # o_proj output
+        *norm,
+        (math.ceil(h * r), 3),  # normed input of the MLP
+    ]
+    if spec.family is Family.LLAMA:
+        mlp: list[Transient] = [
+            (math.ceil(i * m), 1),  # gate
+            (math.ceil(i * m), 2),  # act(gate)
+            (math.ceil(i * m), 1),  # up
+            (math.ceil(i * m), 1),  # product
+            (math.ceil(h * e), 0),  # down
+        ]
+    else:
+        chain = _MLP_TENSORS.get(spec.activation, 1)
+        mlp = [(math.ceil(i * m), 1) for _ in range(chain + 1)] + [(math.ceil(h * e), 0)]
+    return (*attention, *mlp)
+
+
+def _gradient_groups(
+    spec: TransformerSpec, gradients: int, *, full: bool, adapters_per_layer: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(head, one block, embedding) gradients, in bytes."""
+    if gradients <= 0:
+        return (), (), ()
+    if not full:  # adapters on the blocks: small tensors, spread over the layers
+        per_layer = gradients // max(spec.num_layers, 1)
+        return (), split(per_layer, [1] * max(adapters_per_layer, 1)), ()
+    elements = _elements(spec)
+    pieces = split(gradients, elements)
+    lead = 1 if spec.family is Family.LLAMA else 2
+    per = (len(pieces) - lead - (1 if spec.tied_embeddings else 2)) // spec.num_layers
+    block = pieces[lead : lead + per]
+    tail = pieces[lead + per * spec.num_layers :]
+    if spec.tied_embeddings:  # the head's gradient is the embedding's, made by the head
+        return (*tail, *pieces[:1]), block, pieces[1:lead]
+    return tail, block, pieces[:lead]
+
+
+def training_outline(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    tokens: int,
+    weights: int,
+    gradients: int,
+    optimizer: int,
+    step_temporaries: int,
+    block: Sequence[Term],
+    head: Sequence[Term],
+    loss_grads: int,
+    block_grads: int,
+    dequantized: int,
+    checkpointing: bool,
+    full: bool,
+) -> StepOutline:
+    """The `StepOutline` of a training step from the closed form's terms (bytes)."""
+    e, v = settings.dtype.itemsize, spec.vocab * tokens
+    logits = math.ceil(v * e)
+    losses = [t for t in head if t.name.startswith("log-softmax")]
+    loss_term = losses[0] if losses else None
+    saved_loss = math.ceil(tokens * loss_term.per_token) if loss_term else 0
+    upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < 4  # logits.float()
+    loss = (math.ceil(v * 4), saved_loss) if upcast else (saved_loss,)
+    head_saved = tuple(
+        math.ceil(tokens * t.per_token)
+        for t in head
+        if t is not loss_term and t.name != "labels" and t.per_token > 0
+    )
+    head_g, layer_g, embed_g = _gradient_groups(
+        spec,
+        gradients,
+        full=full,
+        adapters_per_layer=2 * (len(settings.lora.roles) if settings.lora else 7),
+    )
+    trained = [*head_g, *layer_g * spec.num_layers, *embed_g]
+    per_tensor = round(optimizer / gradients) if gradients else 0
+    states = (
+        tuple(
+            p
+            for g in trained
+            for p in split(math.ceil(optimizer * g / gradients), [1] * per_tensor)
+        )
+        if per_tensor
+        else ()
+    )
+    width = 3 if spec.family is Family.LLAMA else _MLP_TENSORS.get(spec.activation, 1)
+    attention = [t for t in block if t.name.startswith("attention (")]
+    core = math.ceil(tokens * attention[0].per_token) if attention else 0
+    return StepOutline(
+        training=True,
+        parameters=split(weights, _elements(spec)),
+        inputs=(tokens * INT64,),
+        num_layers=spec.num_layers,
+        residual=math.ceil(tokens * spec.hidden * settings.residual),
+        block_saved=_saved_tensors(spec, block, tokens),
+        block_transient=no_grad_block(spec, settings, tokens, core),
+        checkpointing=checkpointing,
+        head_saved=head_saved,
+        logits=logits,
+        loss=tuple(n for n in loss if n),
+        loss_grads=split(loss_grads, [1, 1]),
+        block_grads=(*split(block_grads, [1] * width), *((dequantized,) if dequantized else ())),
+        layer_gradients=layer_g,
+        head_gradients=head_g,
+        embedding_gradients=embed_g,
+        states=states,
+        step_temporaries=split(step_temporaries, trained) if trained else (),
+    )
+
+
+def forward_outline(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    tokens: int,
+    weights: int,
+    kv_cache: int,
+    core: int,
+) -> StepOutline:
+    """The `StepOutline` of an inference forward (no generation) over ``tokens`` tokens."""
+    e = settings.dtype.itemsize
+    per_layer = kv_cache // max(spec.num_layers, 1)
+    return StepOutline(
+        training=False,
+        parameters=split(weights, _elements(spec)),
+        inputs=(tokens * INT64,),
+        num_layers=spec.num_layers,
+        residual=math.ceil(tokens * spec.hidden * e),
+        block_transient=no_grad_block(spec, settings, tokens, core),
+        logits=math.ceil(tokens * spec.vocab * e),
+        kv_cache=split(per_layer, [1, 1]),
+    )

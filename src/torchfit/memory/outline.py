@@ -1,0 +1,105 @@
+"""`StepOutline`: the tensors of one step, by size, in the order a real step makes them.
+
+An analytic estimate knows the sizes behind its peak (one tensor per weight, what a block
+saves, the logits, the optimizer state); the outline keeps them in step order so that
+`torchfit.memory.allocator.schedule` can turn them into the allocations and frees of a
+warm-up step and the measured step, and the caching-allocator model can replay those.
+The reserved bytes then come from the allocator's own rules (block rounding, segment
+sizes, best-fit reuse of cached blocks) instead of a fixed allowance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchfit._core import checks
+
+__all__ = ["StepOutline", "Transient"]
+
+#: A tensor of a no-grad forward: its bytes, and for how many of the allocations after it
+#: it stays alive (then it is freed, before the next one).
+Transient = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutline:
+    """One step's tensors in bytes, grouped by the phase that allocates them.
+
+    A training step: forward (per block the saved tensors, or under gradient
+    checkpointing the block run without autograd and its input kept), the head and the
+    loss, backward from the top block down (the recomputed block, its transient
+    gradients, its weights' gradients), the optimizer step (its state created at the
+    first step, its temporaries) and ``zero_grad(set_to_none=True)``. An inference
+    forward: the blocks run without autograd, each adding its keys and values to the
+    cache, then the logits.
+
+    Attributes:
+        training: A training step (else an inference forward).
+        parameters: One entry per weight tensor, in the model's order.
+        inputs: Input tensors held across steps (token ids, labels).
+        num_layers: Blocks in the stack.
+        residual: One residual-stream tensor (a block's input and output).
+        block_saved: What one block saves for backward, in forward order (training).
+        block_transient: A block run without autograd: each tensor with its lifetime
+            (see `Transient`); the checkpointed forward of training, or inference.
+        checkpointing: Gradient checkpointing: forward keeps each block's input only,
+            backward recomputes one block at a time.
+        head_saved: What the final norm and head save before the logits.
+        logits: The head's output in the compute dtype.
+        loss: The loss's forward tensors in order; the last is saved for backward.
+        loss_grads: The gradients the loss's backward holds together (then the
+            logits' gradient in the compute dtype when the loss upcast them).
+        block_grads: Transient gradients alive together in one block's backward.
+        layer_gradients: One block's weight gradients.
+        head_gradients: Weight gradients made by the head's backward.
+        embedding_gradients: Weight gradients made at the end of backward.
+        states: Optimizer state tensors, in the order the first step creates them.
+        step_temporaries: The optimizer step's temporaries, alive together.
+        kv_cache: One block's keys and values (an inference forward returning a cache).
+
+    Example:
+        >>> o = StepOutline(training=False, parameters=(1024, 4096), num_layers=2)
+        >>> o.weights
+        5120
+    """
+
+    training: bool
+    parameters: tuple[int, ...]
+    inputs: tuple[int, ...] = ()
+    num_layers: int = 0
+    residual: int = 0
+    block_saved: tuple[int, ...] = ()
+    block_transient: tuple[Transient, ...] = ()
+    checkpointing: bool = False
+    head_saved: tuple[int, ...] = ()
+    logits: int = 0
+    loss: tuple[int, ...] = ()
+    loss_grads: tuple[int, ...] = ()
+    block_grads: tuple[int, ...] = ()
+    layer_gradients: tuple[int, ...] = ()
+    head_gradients: tuple[int, ...] = ()
+    embedding_gradients: tuple[int, ...] = ()
+    states: tuple[int, ...] = ()
+    step_temporaries: tuple[int, ...] = ()
+    kv_cache: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Refuse negative sizes and lifetimes."""
+        checks.fields(self)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool):
+                continue
+            items = value if isinstance(value, tuple) else (value,)
+            numbers = [n for item in items for n in (item if isinstance(item, tuple) else (item,))]
+            bad = [n for n in numbers if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+            if bad:
+                raise ValueError(
+                    f"StepOutline.{field.name} holds {bad[0]!r}; expected whole numbers of "
+                    "bytes (or lifetimes) >= 0"
+                )
+
+    @property
+    def weights(self) -> int:
+        """Bytes of the weight tensors."""
+        return sum(self.parameters)
