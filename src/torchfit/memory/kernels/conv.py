@@ -198,15 +198,20 @@ def _copy_unless_nhwc(tensor: torch.Tensor) -> int:
 
 
 def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int | None:
-    """Scratch of a backward on oneDNN's modelled kernels (AVX-512), or None."""
+    """Scratch of a backward on oneDNN's modelled kernels (AVX-512, AVX2 dense), or None."""
     grad_out, x, w, _bias_sizes, stride, padding, dilation = args[:7]
     groups, mask = args[9], args[10]
     shapes = (tuple(x.shape), tuple(w.shape), tuple(grad_out.shape), tuple(stride))
     flags = tuple(bool(m) for m in mask)
     if _onednn_modelled(x, w, dilation, groups):
         # Plain float32 2-D convolutions: oneDNN's kernels, layouts and scratchpads
-        # (`torchfit.memory.kernels.onednn`).
-        return copy + backward_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
+        # (`torchfit.memory.kernels.onednn`), AVX-512 or AVX2.
+        scratch = backward_scratch(
+            *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
+        )
+        return None if scratch is None else copy + scratch
+    if cpu.block != 16:
+        return None  # AVX2's grouped, depthwise and channels-last kernels: not modelled
     if _onednn_depthwise(x, w, dilation, groups):
         # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
         return copy + depthwise_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
@@ -291,7 +296,7 @@ def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any]
         amx = _amx_weights(cpu, args, copy)
         if amx is not None:
             return amx
-    if backend == "Mkldnn" and cpu.block == 16:
+    if backend == "Mkldnn" and cpu.block in {8, 16}:
         modelled = _onednn_backward(cpu, args, copy)
         if modelled is not None:
             return modelled
