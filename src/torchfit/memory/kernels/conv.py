@@ -210,12 +210,10 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
             *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
         )
         return None if scratch is None else copy + scratch
-    if cpu.block != 16:
-        return None  # AVX2's grouped, depthwise and channels-last kernels: not modelled
-    if _onednn_depthwise(x, w, dilation, groups):
+    if cpu.block == 16 and _onednn_depthwise(x, w, dilation, groups):
         # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
         return copy + depthwise_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
-    if _onednn_modelled(x, w, dilation, 1):
+    if cpu.block == 16 and _onednn_modelled(x, w, dilation, 1):
         # NCHW grouped: jit:avx512_core (4/8/16-blocked), gemm:jit or brgconv_strided
         # backward-data, jit:avx2, jit:avx512_core or gemm:jit backward-weights (see
         # `torchfit.memory.kernels.onednn_groups`); None where a kernel is not modelled.
@@ -228,7 +226,12 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
         # (copies unless they already are), then oneDNN's nxc kernels
         # (`torchfit.memory.kernels.onednn_nhwc`).
         scratch = backward_scratch_nhwc(
-            *shapes, flags, groups=groups, padding=tuple(padding), threads=cpu.threads
+            *shapes,
+            flags,
+            groups=groups,
+            padding=tuple(padding),
+            threads=cpu.threads,
+            block=cpu.block,
         )
         if scratch is not None:
             return _copy_unless_nhwc(grad_out) + _copy_unless_nhwc(w) + scratch

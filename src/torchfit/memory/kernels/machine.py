@@ -123,6 +123,8 @@ def onednn_isa(
     best = ""
     for name, needs in _ISAS:
         if not all(flags.get(flag) for flag in needs):
+            if name == "AVX2_VNNI":  # a side branch: AVX-512 does not need it
+                continue
             break
         best = name
     cap = _isa_cap(env)

@@ -27,6 +27,7 @@ def backward_scratch_nhwc(
     groups: int,
     padding: Sequence[int],
     threads: int,
+    block: int = 16,
 ) -> int | None:
     """Peak bytes of a float32 channels-last 2-D ``convolution_backward``, above its outputs.
 
@@ -68,13 +69,18 @@ def backward_scratch_nhwc(
     if not (depthwise or groups > 1 or strided or first):
         return None
     kh, kw = w[2], w[3]
+    if block != 16 and not (depthwise and kw > 3 and kh <= x[2]):
+        # AVX2: only the depthwise jit_dw:avx2 data / jit:avx2 (aBCde8c8b) weights pair
+        # is measured (ONEDNN_VERBOSE, 2x16x8x8 * 16x1x7x7: 203,904 B); jit:avx2 needs
+        # kh <= ih, a 7x7 kernel over a 4x4 input takes another kernel
+        return None
     ks = kh * kw
     grad_w = math.prod(w) * F32 if mask[1] else 0
     bias = oc * F32 if mask[2] else 0
     data = 0
     if mask[0]:
         if depthwise:
-            data = up(groups, 16) * ks * F32
+            data = up(groups, block) * ks * F32
         elif groups > 1 and not (strided and oc // groups > 16):
             data = groups * up(oc // groups, 16) * up(ic // groups, 16) * ks * F32
         else:
@@ -97,8 +103,8 @@ def backward_scratch_nhwc(
                     scratch += entry(groups * (threads - 1) * F32)
         else:
             oc_g, ic_g = oc // groups, ic // groups
-            diff_w = groups * up(oc_g, 16) * up(ic_g, 16) * ks * F32
-            scratch = entry(groups * up(oc_g, 16) * F32) if mask[2] and oc_g % 16 else 0
+            diff_w = groups * up(oc_g, block) * up(ic_g, block) * ks * F32
+            scratch = entry(groups * up(oc_g, block) * F32) if mask[2] and oc_g % block else 0
         # the scratchpad lives before grad_weight and grad_bias are made; then the plain
         # grad_weight sits next to the blocked one and an unpadded bias copy
         weights = diff_w + max(scratch - grad_w, bias + grad_w)
