@@ -33,7 +33,9 @@ def test_the_process_dispatches_avx2():
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_avx2_conv_backward_matches_the_real_call(x, w, stride, groups, channels_last, mask, threads):
+def test_avx2_conv_backward_matches_the_real_call(
+    x, w, stride, groups, channels_last, mask, threads
+):
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -45,7 +47,19 @@ def test_avx2_conv_backward_matches_the_real_call(x, w, stride, groups, channels
         out = aten.convolution(inp, weight, None, [stride] * 2, pad, [1, 1], False, [0, 0], groups)
         grad = torch.randn(out.shape).contiguous(memory_format=fmt)
         bias = [w[0]] if mask[2] else None
-        args = (grad, inp, weight, bias, [stride] * 2, pad, [1, 1], False, [0, 0], groups, list(mask))
+        args = (
+            grad,
+            inp,
+            weight,
+            bias,
+            [stride] * 2,
+            pad,
+            [1, 1],
+            False,
+            [0, 0],
+            groups,
+            list(mask),
+        )
         call = aten.convolution_backward.default
         call(*args)  # warm oneDNN's primitive cache
         real = measure_peak(call, *args, device="cpu")

@@ -76,7 +76,7 @@ def test_this_cpu_follows_what_onednn_dispatches():
 
 def _avx2_python(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **_AVX2_ENV}
-    return subprocess.run(  # noqa: S603 - this interpreter, a fixed script
+    return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
 
@@ -100,7 +100,7 @@ def test_the_avx2_rules_hold_under_avx2_dispatch():
     _needs_avx2()
     here = Path(__file__).with_name("avx2_calls.py")
     env = {**os.environ, **_AVX2_ENV}
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed test file
+    done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
         env=env,
         capture_output=True,

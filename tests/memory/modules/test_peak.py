@@ -17,17 +17,18 @@ from torch import nn
 
 from torchfit.memory import estimate, measure_step, trace
 from torchfit.memory.catalog import build_model
+from torchfit.memory.kernels.accuracy import accuracy
 from torchfit.memory.kernels.calls import scratch_of
-from torchfit.memory.kernels.cpu import cpu_block
 from torchfit.memory.modules.peak import estimate_module, inference_peak
 from torchfit.memory.modules.saved import activation_bytes
 
 transformers = pytest.importorskip("transformers")
 
-# The target for the analytic estimate of a CNN on CPU.
-TOLERANCE = 0.05
-# The trace's own target (tests/memory/tracing/test_trace.py).
-TRACE_TOLERANCE = 0.01
+# The target for the analytic estimate of a CNN on CPU (5%), and the trace's own
+# (1%), on the AVX-512 kinds; on AVX2 the bounds measured for that kind
+# (torchfit.memory.kernels.accuracy: some AVX2 convolution kernels are not modelled).
+TOLERANCE = max(0.05, accuracy().analytic)
+TRACE_TOLERANCE = max(0.01, accuracy().trace)
 
 
 def relative_error(predicted, measured):
@@ -121,8 +122,6 @@ CNNS = {
 @pytest.mark.parametrize("name", sorted(CNNS))
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_cnn_estimate_within_five_percent_of_the_real_step(name, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     spec, batch, shape = CNNS[name]()
     torch.manual_seed(0)
     model = spec if isinstance(spec, nn.Module) else build_model(spec, device="cpu", dtype="fp32")
@@ -169,8 +168,6 @@ def _assert_analytic_close(model, inputs, optimizer):
 @CNN_PROPERTY
 @given(seed=st.integers(0, 10_000), optimizer=st.sampled_from(["sgd", "adamw"]))
 def test_random_cnns_estimate_within_five_percent(seed, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     model, inputs = build_cnn(seed)
     _assert_analytic_close(model, inputs, optimizer)
 
@@ -178,8 +175,6 @@ def test_random_cnns_estimate_within_five_percent(seed, optimizer):
 @CNN_PROPERTY
 @given(seed=st.integers(0, 10_000), optimizer=st.sampled_from(["sgd", "adamw"]))
 def test_random_grouped_cnns_estimate_within_five_percent(seed, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     model, inputs = build_grouped_cnn(seed)
     _assert_analytic_close(model, inputs, optimizer)
 

@@ -29,7 +29,7 @@ from torchfit.memory.kernels.onednn_groups import (
     grouped_forward_scratch,
     grouped_scratch,
 )
-from torchfit.memory.kernels.onednn_nhwc import backward_scratch_nhwc
+from torchfit.memory.kernels.onednn_nhwc import avx2_modelled, backward_scratch_nhwc
 from torchfit.memory.kernels.tensors import channels_last, copy_if_strided, dense_bytes
 
 __all__ = ["conv_backend", "conv_backward", "conv_forward"]
@@ -221,7 +221,7 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
             *shapes, flags, groups=groups, padding=tuple(padding), threads=cpu.threads
         )
         return None if scratch is None else copy + scratch
-    if _onednn_nhwc(x, dilation):
+    if _onednn_nhwc(x, dilation) and (cpu.block == 16 or avx2_modelled(x.shape, w.shape, groups)):
         # Channels-last activations: ATen turns grad_output and the weights channels-last
         # (copies unless they already are), then oneDNN's nxc kernels
         # (`torchfit.memory.kernels.onednn_nhwc`).

@@ -134,7 +134,7 @@ def onednn_isa(
 
 
 def _block_of(isa: str) -> int:
-    """oneDNN's channel block for an ISA: 16 from AVX-512 on, 8 for AVX2 (and AVX)."""
+    """The oneDNN channel block for an ISA: 16 from AVX-512 on, 8 for AVX2 (and AVX)."""
     if not isa:
         return 1
     return 16 if _ORDER.index(isa) >= _ORDER.index("AVX512_CORE") else 8

@@ -209,7 +209,7 @@ class ConvBackward:
         kind = self.weights_kernel()
         block = {"avx512": 16, "avx2": 8, "1x1": 8}.get(kind, 1)
         oc = up(self.oc, block)
-        flat = self.first and (kind == "avx512" or kind == "avx2" and self.block == 8)
+        flat = self.first and (kind == "avx512" or (kind == "avx2" and self.block == 8))
         ic = self.ic if flat or kind == "gemm" else up(self.ic, block)
         spatial_out, spatial_in = self.oh * self.ow, self.ih * self.iw
         dst = self.mb * oc * spatial_out * F32 if kind != "gemm" else 0

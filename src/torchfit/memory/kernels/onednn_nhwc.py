@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from torchfit.memory.kernels.onednn import ConvBackward
 from torchfit.memory.kernels.onednn_scratchpad import F32, entry, up
 
-__all__ = ["backward_scratch_nhwc", "dw_weights_ok"]
+__all__ = ["avx2_modelled", "backward_scratch_nhwc", "dw_weights_ok"]
 
 
 def backward_scratch_nhwc(
@@ -69,11 +69,6 @@ def backward_scratch_nhwc(
     if not (depthwise or groups > 1 or strided or first):
         return None
     kh, kw = w[2], w[3]
-    if block != 16 and not (depthwise and kw > 3 and kh <= x[2]):
-        # AVX2: only the depthwise jit_dw:avx2 data / jit:avx2 (aBCde8c8b) weights pair
-        # is measured (ONEDNN_VERBOSE, 2x16x8x8 * 16x1x7x7: 203,904 B); jit:avx2 needs
-        # kh <= ih, a 7x7 kernel over a 4x4 input takes another kernel
-        return None
     ks = kh * kw
     grad_w = math.prod(w) * F32 if mask[1] else 0
     bias = oc * F32 if mask[2] else 0
@@ -128,3 +123,20 @@ def dw_weights_ok(
         if (p > 1 and p % s) or (end_pad > 1 and end_pad % s):
             return False
     return True
+
+
+def avx2_modelled(x: Sequence[int], w: Sequence[int], groups: int) -> bool:
+    """Whether `backward_scratch_nhwc` models this call on AVX2 (8-channel blocks).
+
+    Only the depthwise pair ``jit_dw:avx2`` backward-data / ``jit:avx2`` backward-weights
+    (``aBCde8c8b``: 8x8 blocks per group) was measured (``ONEDNN_VERBOSE``, torch
+    2.13.0+cpu, 2x16x8x8 * 16x1x7x7: 203,904 B), for ``kw > 3``; ``jit:avx2`` needs
+    ``kh <= ih`` (a 7x7 kernel over a 4x4 input takes another kernel).
+
+    Example:
+        >>> x = (2, 16, 8, 8)
+        >>> avx2_modelled(x, (16, 1, 7, 7), 16), avx2_modelled(x, (16, 1, 3, 3), 16)
+        (True, False)
+    """
+    depthwise = groups > 1 and groups == x[1] == w[0]
+    return depthwise and w[3] > 3 and w[2] <= x[2]
