@@ -62,7 +62,7 @@ def test_machines_are_keyed_by_kind(machine, kind):
 def test_every_measured_kind_states_its_bounds():
     assert {kind for _, kind in ACCURACY} == {CpuKind.AVX2, CpuKind.AVX512, CpuKind.AVX512_AMX}
     for bound in ACCURACY.values():
-        assert 0 < bound.trace <= bound.trace_grouped <= 0.5
+        assert 0 < bound.trace <= bound.trace_grouped <= 0.6
         assert 0 < bound.trace <= bound.analytic <= 0.5
         assert 0 < bound.trace_autocast <= 0.05
         assert bound.worst

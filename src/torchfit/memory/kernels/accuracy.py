@@ -72,20 +72,21 @@ ACCURACY: dict[tuple[str, CpuKind], KindAccuracy] = {
     ),
     # measured: zoo trace worst -4.2% (ConvNeXt's 2x2 strided downsampling), analytic
     # -5.4% (a bottleneck ResNet's strided 1x1 shortcut); random dense CNNs (seeds 0-29)
-    # exact; random grouped/depthwise/channels-last CNNs (seeds 0-29) -41.4% .. +24.3%
+    # exact; random grouped/depthwise/channels-last CNNs (seeds 0-29 and the property
+    # tests' seeds) -57.2% (seed 10000) .. +24.3%
     (_TORCH, CpuKind.AVX2): KindAccuracy(
         CpuKind.AVX2,
         _TORCH,
         0.05,
-        0.45,
+        0.60,
         0.05,
         0.06,
-        "zoo: trace -4.2%, analytic -5.4%; random grouped CNNs -41.4% .. +24.3%",
+        "zoo: trace -4.2%, analytic -5.4%; random grouped CNNs -57.2% .. +24.3%",
     ),
 }
 
 _UNMEASURED = KindAccuracy(
-    CpuKind.OTHER, "", 0.5, 0.5, 0.05, 0.5, "no rules measured", measured=False
+    CpuKind.OTHER, "", 0.6, 0.6, 0.05, 0.6, "no rules measured", measured=False
 )
 
 
