@@ -3,7 +3,7 @@
 import torch
 
 from torchfit.memory.kernels.cpu import CpuRules, cpu_block, has_rule, workspace_rules
-from torchfit.memory.kernels.machine import CpuMachine, cpu_features, this_cpu
+from torchfit.memory.kernels.machine import CpuMachine, cpu_features, onednn_isa, this_cpu
 
 aten = torch.ops.aten
 
@@ -19,9 +19,9 @@ def test_layer_norm_backward_rule_counts_per_thread_partial_sums():
     assert rules(aten.native_layer_norm_backward.default, no_affine, {}, None) == 0
 
 
-def test_cpu_block_matches_the_capability():
-    capability = torch.backends.cpu.get_cpu_capability()
-    expected = 16 if capability.startswith("AVX512") else 8 if capability == "AVX2" else 1
+def test_cpu_block_matches_the_isa_onednn_dispatches():
+    isa = onednn_isa()  # the CPU's best, capped by ONEDNN_MAX_CPU_ISA
+    expected = 16 if isa.startswith("AVX512") else 8 if isa.startswith("AVX2") else 1
     assert cpu_block() == expected
 
 
@@ -30,8 +30,11 @@ def test_this_cpu_reads_what_torch_reports():
     features = cpu_features()
     assert machine.threads == torch.get_num_threads()
     assert machine.block == cpu_block()
-    assert machine.amx == bool(features.get("amx_tile") and features.get("amx_bf16"))
-    assert machine.avx512_bf16 == bool(features.get("avx512_bf16"))
+    isa = onednn_isa()
+    # the flags count where oneDNN may use them (ONEDNN_MAX_CPU_ISA can cap them away)
+    assert machine.amx == (isa == "AVX512_CORE_AMX" and bool(features.get("amx_bf16")))
+    assert machine.avx512_bf16 == (isa in {"AVX512_CORE_BF16", "AVX512_CORE_AMX"})
+    assert not machine.avx512_bf16 or features.get("avx512_bf16")
     assert workspace_rules("cpu") == CpuRules(**vars(machine))
 
 

@@ -17,17 +17,20 @@ from torch import nn
 
 from torchfit.memory import estimate, measure_step, trace
 from torchfit.memory.catalog import build_model
+from torchfit.memory.kernels.accuracy import accuracy
 from torchfit.memory.kernels.calls import scratch_of
-from torchfit.memory.kernels.cpu import cpu_block
 from torchfit.memory.modules.peak import estimate_module, inference_peak
 from torchfit.memory.modules.saved import activation_bytes
 
 transformers = pytest.importorskip("transformers")
 
-# The target for the analytic estimate of a CNN on CPU.
-TOLERANCE = 0.05
-# The trace's own target (tests/memory/tracing/test_trace.py).
-TRACE_TOLERANCE = 0.01
+# The target for the analytic estimate of a CNN on CPU (5%), and the trace's own
+# (1%), on the AVX-512 kinds; on AVX2 the bounds measured for that kind
+# (torchfit.memory.kernels.accuracy: some AVX2 convolution kernels are not modelled).
+TOLERANCE = max(0.05, accuracy().analytic)
+TRACE_TOLERANCE = max(0.01, accuracy().trace)
+GROUPED_TOLERANCE = max(TOLERANCE, accuracy().trace_grouped)
+GROUPED_TRACE_TOLERANCE = max(TRACE_TOLERANCE, accuracy().trace_grouped)
 
 
 def relative_error(predicted, measured):
@@ -121,21 +124,23 @@ CNNS = {
 @pytest.mark.parametrize("name", sorted(CNNS))
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_cnn_estimate_within_five_percent_of_the_real_step(name, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     spec, batch, shape = CNNS[name]()
     torch.manual_seed(0)
     model = spec if isinstance(spec, nn.Module) else build_model(spec, device="cpu", dtype="fp32")
     inputs = torch.randn(batch, *shape)
     measured = measure_step(model, inputs, optimizer=optimizer, device="cpu").peak
+    grouped = name in {"grouped", "depthwise-channels-last"}
+    trace_bound, bound = (
+        (GROUPED_TRACE_TOLERANCE, GROUPED_TOLERANCE) if grouped else (TRACE_TOLERANCE, TOLERANCE)
+    )
     assert abs(relative_error(trace(model, inputs, optimizer=optimizer).total, measured)) <= (
-        TRACE_TOLERANCE
+        trace_bound
     )
     predicted = estimate(
         spec, batch_size=batch, input_shape=shape, optimizer=optimizer, device="cpu"
     )
     error = relative_error(predicted.total, measured)
-    assert abs(error) <= TOLERANCE, (name, f"{error:+.2%}", predicted.peak_at)
+    assert abs(error) <= bound, (name, f"{error:+.2%}", predicted.peak_at)
 
 
 CNN_PROPERTY = settings(
@@ -146,7 +151,7 @@ CNN_PROPERTY = settings(
 )
 
 
-def _assert_analytic_close(model, inputs, optimizer):
+def _assert_analytic_close(model, inputs, optimizer, *, grouped=False):
     # estimate() takes a shape: the step runs on the plain-layout input it assumes, and a
     # channels-last model of the generator goes back to the plain layout with it (the trace
     # tests cover both layouts matched, not a plain input into channels-last weights)
@@ -154,7 +159,10 @@ def _assert_analytic_close(model, inputs, optimizer):
     model = model.to(memory_format=torch.contiguous_format)
     measured = measure_step(model, inputs, optimizer=optimizer, device="cpu").peak
     traced = trace(model, inputs, optimizer=optimizer).total
-    assert abs(relative_error(traced, measured)) <= TRACE_TOLERANCE
+    trace_bound, bound = (
+        (GROUPED_TRACE_TOLERANCE, GROUPED_TOLERANCE) if grouped else (TRACE_TOLERANCE, TOLERANCE)
+    )
+    assert abs(relative_error(traced, measured)) <= trace_bound
     predicted = estimate(
         model,
         batch_size=inputs.shape[0],
@@ -163,14 +171,12 @@ def _assert_analytic_close(model, inputs, optimizer):
         device="cpu",
     )
     error = relative_error(predicted.total, measured)
-    assert abs(error) <= TOLERANCE, (f"{error:+.2%}", predicted.peak_at)
+    assert abs(error) <= bound, (f"{error:+.2%}", predicted.peak_at)
 
 
 @CNN_PROPERTY
 @given(seed=st.integers(0, 10_000), optimizer=st.sampled_from(["sgd", "adamw"]))
 def test_random_cnns_estimate_within_five_percent(seed, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     model, inputs = build_cnn(seed)
     _assert_analytic_close(model, inputs, optimizer)
 
@@ -178,10 +184,8 @@ def test_random_cnns_estimate_within_five_percent(seed, optimizer):
 @CNN_PROPERTY
 @given(seed=st.integers(0, 10_000), optimizer=st.sampled_from(["sgd", "adamw"]))
 def test_random_grouped_cnns_estimate_within_five_percent(seed, optimizer):
-    if cpu_block() != 16:
-        pytest.skip("the oneDNN convolution rules are modelled for AVX-512 kernels")
     model, inputs = build_grouped_cnn(seed)
-    _assert_analytic_close(model, inputs, optimizer)
+    _assert_analytic_close(model, inputs, optimizer, grouped=True)
 
 
 def test_the_sweep_charges_each_layer_its_kernel_scratch():

@@ -29,7 +29,7 @@ from torchfit.memory.kernels.onednn_groups import (
     grouped_forward_scratch,
     grouped_scratch,
 )
-from torchfit.memory.kernels.onednn_nhwc import backward_scratch_nhwc
+from torchfit.memory.kernels.onednn_nhwc import avx2_modelled, backward_scratch_nhwc
 from torchfit.memory.kernels.tensors import channels_last, copy_if_strided, dense_bytes
 
 __all__ = ["conv_backend", "conv_backward", "conv_forward"]
@@ -198,19 +198,22 @@ def _copy_unless_nhwc(tensor: torch.Tensor) -> int:
 
 
 def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int | None:
-    """Scratch of a backward on oneDNN's modelled kernels (AVX-512), or None."""
+    """Scratch of a backward on oneDNN's modelled kernels (AVX-512, AVX2 dense), or None."""
     grad_out, x, w, _bias_sizes, stride, padding, dilation = args[:7]
     groups, mask = args[9], args[10]
     shapes = (tuple(x.shape), tuple(w.shape), tuple(grad_out.shape), tuple(stride))
     flags = tuple(bool(m) for m in mask)
     if _onednn_modelled(x, w, dilation, groups):
         # Plain float32 2-D convolutions: oneDNN's kernels, layouts and scratchpads
-        # (`torchfit.memory.kernels.onednn`).
-        return copy + backward_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
-    if _onednn_depthwise(x, w, dilation, groups):
+        # (`torchfit.memory.kernels.onednn`), AVX-512 or AVX2.
+        scratch = backward_scratch(
+            *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
+        )
+        return None if scratch is None else copy + scratch
+    if cpu.block == 16 and _onednn_depthwise(x, w, dilation, groups):
         # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
         return copy + depthwise_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
-    if _onednn_modelled(x, w, dilation, 1):
+    if cpu.block == 16 and _onednn_modelled(x, w, dilation, 1):
         # NCHW grouped: jit:avx512_core (4/8/16-blocked), gemm:jit or brgconv_strided
         # backward-data, jit:avx2, jit:avx512_core or gemm:jit backward-weights (see
         # `torchfit.memory.kernels.onednn_groups`); None where a kernel is not modelled.
@@ -218,12 +221,17 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
             *shapes, flags, groups=groups, padding=tuple(padding), threads=cpu.threads
         )
         return None if scratch is None else copy + scratch
-    if _onednn_nhwc(x, dilation):
+    if _onednn_nhwc(x, dilation) and (cpu.block == 16 or avx2_modelled(x.shape, w.shape, groups)):
         # Channels-last activations: ATen turns grad_output and the weights channels-last
         # (copies unless they already are), then oneDNN's nxc kernels
         # (`torchfit.memory.kernels.onednn_nhwc`).
         scratch = backward_scratch_nhwc(
-            *shapes, flags, groups=groups, padding=tuple(padding), threads=cpu.threads
+            *shapes,
+            flags,
+            groups=groups,
+            padding=tuple(padding),
+            threads=cpu.threads,
+            block=cpu.block,
         )
         if scratch is not None:
             return _copy_unless_nhwc(grad_out) + _copy_unless_nhwc(w) + scratch
@@ -291,7 +299,7 @@ def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any]
         amx = _amx_weights(cpu, args, copy)
         if amx is not None:
             return amx
-    if backend == "Mkldnn" and cpu.block == 16:
+    if backend == "Mkldnn" and cpu.block in {8, 16}:
         modelled = _onednn_backward(cpu, args, copy)
         if modelled is not None:
             return modelled

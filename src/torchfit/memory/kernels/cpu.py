@@ -9,7 +9,8 @@ with the same arguments, for the calls each layer makes (`torchfit.memory.kernel
 
 Every rule was found by measuring: a real step ran under ``torch.profiler`` with each
 ATen op wrapped in a ``record_function``, and the allocator events inside each op were
-compared with the op's outputs (torch 2.13.0+cpu, oneDNN with AVX-512, 2 threads). The
+compared with the op's outputs (torch 2.13.0+cpu, oneDNN with AVX-512, with AMX, and
+capped to AVX2, 2 threads; `accuracy` states how exact each kind is). The
 measured figures are quoted at the rules (`conv`, `norms`, `attention`, `embedding`,
 `matmul`); the thread count, the oneDNN channel block and the ISA flags are read from
 torch when the rules are built (`torchfit.memory.kernels.machine`), so the rules follow

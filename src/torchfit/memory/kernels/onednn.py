@@ -71,8 +71,13 @@ class ConvBackward:
         padding: Sequence[int],
         threads: int,
         groups: int = 1,
+        block: int = 16,
     ) -> None:
-        """Record batch, channels, spatial sizes, kernel, stride, padding and groups."""
+        """Record batch, channels, spatial sizes, kernel, stride, padding, groups, block.
+
+        ``block`` is oneDNN's channel block: 16 where it runs AVX-512 kernels, 8 where it
+        runs AVX2 ones (`torchfit.memory.kernels.machine.cpu_block`).
+        """
         self.mb, self.ic, self.ih, self.iw = x
         self.oc, _, self.kh, self.kw = w
         self.oh, self.ow = out[2], out[3]
@@ -80,11 +85,23 @@ class ConvBackward:
         self.ph, self.pw = padding
         self.threads = threads
         self.groups = groups
-        self.first = self.ic in {1, 2, 3}
+        self.block = block
+        # AVX-512 keeps a 1-3 channel source plain; AVX2's jit:avx2 only a 3-channel one
+        # (ONEDNN_VERBOSE: ic 1 backward-weights reads ``aBcd8b`` padded, ic 3 ``abcd``).
+        self.first = self.ic in {1, 2, 3} if block == 16 else self.ic == 3
 
     # -- backward-weights ---------------------------------------------------------
     def weights_kernel(self) -> str:
-        """``avx512`` (16-blocked), ``avx2`` (8-blocked) or ``gemm``."""
+        """``avx512`` (16-blocked), ``avx2`` (8-blocked), ``gemm`` or ``1x1``.
+
+        With AVX2 only (``block == 8``) there is no 16-blocked kernel: ``jit:avx2`` takes
+        every dense kernel that fits (``kh <= ih``) and ``jit_1x1:avx2`` the 1x1 ones
+        (``1x1``: not modelled).
+        """
+        if self.block == 8:
+            if self.kh == self.kw == 1:
+                return "1x1"
+            return "avx2" if self.kh <= self.ih else "gemm"
         if self.first or self.ic % 16 == 0:
             return "avx512"
         return "avx2" if self.kh <= self.ih else "gemm"
@@ -146,15 +163,25 @@ class ConvBackward:
                 total += reducer_bytes(nthr, 16, oc // 16, self.mb, nthr * 3 * 5 * 5 * 16 * 16)
             return total
         if kind == "avx2":
-            ic, oc = up(self.ic, 8), up(self.oc, 8)
-            jobs = (ic // 8) * (oc // 8)
-            job = self.kh * self.kw * 64
+            # a flat (3-channel) source: one job of all input channels per 8 outputs
+            ic_block = self.ic if self.first and self.block == 8 else 8
+            ic, oc = up(self.ic, ic_block), up(self.oc, 8)
+            jobs = (ic // ic_block) * (oc // 8)
+            job = self.kh * self.kw * ic_block * 8
             total = reducer_bytes(self.threads, job, jobs, self.mb, 1 << 21)
             if bias:
                 if self.oc % 8:
                     total += entry(oc * F32)
                 total += reducer_bytes(self.threads, 8, oc // 8, self.mb, 1 << 21)
             return total
+        if kind == "1x1":
+            # jit_1x1:avx2, unit stride, no bias: measured (2 threads) one booked entry
+            # of a weight gradient per thread and a barrier, e.g. 4x64x16x16 * 32x64x1x1:
+            # 24,704 B = 2 * 8,192 + 128 + 8,192.
+            if self.threads == 1:
+                return 0
+            ic, oc = up(self.ic, 8), up(self.oc, 8)
+            return entry(self.threads * oc * ic * F32) + BARRIER
         return self._gemm_weights_scratch()
 
     def _gemm_weights_scratch(self) -> int:
@@ -180,13 +207,14 @@ class ConvBackward:
     def weights_buffers(self) -> tuple[int, int, int]:
         """Bytes of the reordered (grad_output, input, grad_weight) of backward-weights."""
         kind = self.weights_kernel()
-        block = {"avx512": 16, "avx2": 8}.get(kind, 1)
+        block = {"avx512": 16, "avx2": 8, "1x1": 8}.get(kind, 1)
         oc = up(self.oc, block)
-        ic = self.ic if self.first or kind == "gemm" else up(self.ic, block)
+        flat = self.first and (kind == "avx512" or (kind == "avx2" and self.block == 8))
+        ic = self.ic if flat or kind == "gemm" else up(self.ic, block)
         spatial_out, spatial_in = self.oh * self.ow, self.ih * self.iw
         dst = self.mb * oc * spatial_out * F32 if kind != "gemm" else 0
         # A first convolution reads its input in place (plain layout).
-        src = 0 if self.first or kind == "gemm" else self.mb * ic * spatial_in * F32
+        src = 0 if flat or kind == "gemm" else self.mb * ic * spatial_in * F32
         # gemm:jit writes a plain grad_weight of its own, copied out afterwards.
         wei = oc * ic * self.kh * self.kw * F32
         return dst, src, wei
@@ -237,11 +265,11 @@ class ConvBackward:
         spatial_in, spatial_out = self.ih * self.iw, self.oh * self.ow
         if self.data_strided():
             dst = self.mb * self.oc * spatial_out * F32
-            wei = self.oc * up(self.ic, 16) * self.kh * self.kw * F32
+            wei = self.oc * up(self.ic, self.block) * self.kh * self.kw * F32
             scratch = self.brgconv_strided_scratch()
             # channels-last grad_input, then two copies on the way back to ATen.
             return max(dst + wei + grad_in + scratch, 3 * grad_in)
-        ic, oc = up(self.ic, 16), up(self.oc, 16)
+        ic, oc = up(self.ic, self.block), up(self.oc, self.block)
         dst = self.mb * oc * spatial_out * F32
         wei = oc * ic * self.kh * self.kw * F32
         src = self.mb * ic * spatial_in * F32
@@ -257,7 +285,8 @@ def backward_scratch(
     *,
     padding: Sequence[int],
     threads: int,
-) -> int:
+    block: int = 16,
+) -> int | None:
     """Peak bytes of a float32 2-D ``convolution_backward`` on oneDNN, above its outputs.
 
     Args:
@@ -268,16 +297,20 @@ def backward_scratch(
         padding: (ph, pw), symmetric as ATen passes it.
         mask: Which of grad_input, grad_weight, grad_bias are computed.
         threads: oneDNN's thread count (``torch.get_num_threads()``).
+        block: oneDNN's channel block, 16 (AVX-512 kernels) or 8 (AVX2 kernels).
 
     Returns:
-        Bytes the call holds at its peak beyond its outputs.
+        Bytes the call holds at its peak beyond its outputs; ``None`` where oneDNN picks
+        a kernel this model leaves out (AVX2's ``jit_1x1`` backward-weights).
 
     Example:
         >>> backward_scratch((4, 1, 16, 16), (16, 1, 3, 3), (4, 16, 8, 8), (2, 2),
         ...                  (False, True, True), padding=(1, 1), threads=2)
         37696
     """
-    conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads)
+    conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads, block=block)
+    if mask[1] and conv.weights_kernel() == "1x1" and (mask[2] or conv.data_strided()):
+        return None  # jit_1x1:avx2 with a bias or a strided source (rtus): not modelled
     grad_in = math.prod(x) * F32 if mask[0] else 0
     grad_w = math.prod(w) * F32 if mask[1] else 0
     grad_b = w[0] * F32 if mask[2] else 0

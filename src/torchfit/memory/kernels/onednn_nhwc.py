@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from torchfit.memory.kernels.onednn import ConvBackward
 from torchfit.memory.kernels.onednn_scratchpad import F32, entry, up
 
-__all__ = ["backward_scratch_nhwc", "dw_weights_ok"]
+__all__ = ["avx2_modelled", "backward_scratch_nhwc", "dw_weights_ok"]
 
 
 def backward_scratch_nhwc(
@@ -27,6 +27,7 @@ def backward_scratch_nhwc(
     groups: int,
     padding: Sequence[int],
     threads: int,
+    block: int = 16,
 ) -> int | None:
     """Peak bytes of a float32 channels-last 2-D ``convolution_backward``, above its outputs.
 
@@ -74,7 +75,7 @@ def backward_scratch_nhwc(
     data = 0
     if mask[0]:
         if depthwise:
-            data = up(groups, 16) * ks * F32
+            data = up(groups, block) * ks * F32
         elif groups > 1 and not (strided and oc // groups > 16):
             data = groups * up(oc // groups, 16) * up(ic // groups, 16) * ks * F32
         else:
@@ -97,8 +98,8 @@ def backward_scratch_nhwc(
                     scratch += entry(groups * (threads - 1) * F32)
         else:
             oc_g, ic_g = oc // groups, ic // groups
-            diff_w = groups * up(oc_g, 16) * up(ic_g, 16) * ks * F32
-            scratch = entry(groups * up(oc_g, 16) * F32) if mask[2] and oc_g % 16 else 0
+            diff_w = groups * up(oc_g, block) * up(ic_g, block) * ks * F32
+            scratch = entry(groups * up(oc_g, block) * F32) if mask[2] and oc_g % block else 0
         # the scratchpad lives before grad_weight and grad_bias are made; then the plain
         # grad_weight sits next to the blocked one and an unpadded bias copy
         weights = diff_w + max(scratch - grad_w, bias + grad_w)
@@ -122,3 +123,20 @@ def dw_weights_ok(
         if (p > 1 and p % s) or (end_pad > 1 and end_pad % s):
             return False
     return True
+
+
+def avx2_modelled(x: Sequence[int], w: Sequence[int], groups: int) -> bool:
+    """Whether `backward_scratch_nhwc` models this call on AVX2 (8-channel blocks).
+
+    Only the depthwise pair ``jit_dw:avx2`` backward-data / ``jit:avx2`` backward-weights
+    (``aBCde8c8b``: 8x8 blocks per group) was measured (``ONEDNN_VERBOSE``, torch
+    2.13.0+cpu, 2x16x8x8 * 16x1x7x7: 203,904 B), for ``kw > 3``; ``jit:avx2`` needs
+    ``kh <= ih`` (a 7x7 kernel over a 4x4 input takes another kernel).
+
+    Example:
+        >>> x = (2, 16, 8, 8)
+        >>> avx2_modelled(x, (16, 1, 7, 7), 16), avx2_modelled(x, (16, 1, 3, 3), 16)
+        (True, False)
+    """
+    depthwise = groups > 1 and groups == x[1] == w[0]
+    return depthwise and w[3] > 3 and w[2] <= x[2]
