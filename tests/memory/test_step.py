@@ -87,3 +87,11 @@ def test_the_repr_is_what_differs_from_the_defaults():
     )
     assert torchfit.memory.Step is Step
     assert Step(quantization="nf4").replace(kbit_prepare=False).kbit_prepared is False
+
+
+def test_a_quantized_image_model_is_refused_with_its_fix():
+    from torch import nn
+
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    with pytest.raises(ValueError, match="quantization='nf4': 4/8-bit"):
+        estimate(cnn, batch_size=2, input_shape=(3, 32, 32), dtype="nf4")

@@ -139,6 +139,12 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             lora=wants_lora and (config is None or is_vision(config)),
             chunked=loss_chunk_size is not None and (config is None or is_vision(config)),
         )
+    if step.quantization is not None and (config is None or is_vision(config)):
+        raise ValueError(
+            f"quantization={step.quantization!r}: 4/8-bit bitsandbytes weights are modelled for "
+            "transformers language models only; for this model leave quantization (dtype) "
+            "out, or trace your quantized model with torchfit.memory.trace_step"
+        )
     if config is None:  # a plain module: the user's, LeNet/AlexNet, torchvision, timm
         shape = input_shape or resolved.input_shape
         if shape is None or resolved.module is None:
