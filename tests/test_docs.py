@@ -669,3 +669,23 @@ def test_the_readme_examples_do_what_their_comments_say():
     placed = memory.plan_device_map("llama-2-13b", ["RTX 4090"] * 2, seq_len=4096)
     assert placed.fits
     assert [share.layers for share in placed.devices] == [tuple(range(31)), tuple(range(31, 40))]
+
+
+def test_the_readme_step_example_says_its_estimate():
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    step = torchfit.Step.from_peft(
+        peft.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype="bfloat16",
+        ),
+        batch_size=1,
+        seq_len=2048,
+        gradient_checkpointing=True,
+    )
+    total = torchfit.estimate("llama-3.1-8b", step).total
+    assert f"# {total / 2**30:.1f} GiB at the peak" in readme

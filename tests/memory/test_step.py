@@ -79,6 +79,8 @@ def test_from_peft_reads_both_configs_as_the_keyword_form():
         gradient_checkpointing=True,
     )  # fmt: skip
     assert estimate(_llama(), step).total == same.total
+    assert "LoraConfig(r=16, target_modules={'q_proj'}, lora_dropout=0.05" in repr(step)
+    assert len(repr(step)) < 200
 
 
 def test_the_repr_is_what_differs_from_the_defaults():

@@ -372,7 +372,7 @@ class Step:
 
     def __repr__(self) -> str:
         """``Step(...)`` with the fields that differ from the defaults."""
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.changed().items())
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.changed().items())
         return f"Step({inner})"
 
 
@@ -384,3 +384,12 @@ def _default_precision(step: Step) -> str:
     if step.quantization is None:
         return TrainingPrecision.FP32.value
     return (TrainingPrecision.BF16_MIXED if step.training else TrainingPrecision.BF16_TRUE).value
+
+
+def _short(value: Any) -> str:
+    """A field's value for the repr: a ``peft.LoraConfig`` by what decides memory only."""
+    if type(value).__name__ == "LoraConfig":
+        fields = ("r", "target_modules", "lora_dropout", "modules_to_save")
+        inner = ", ".join(f"{name}={getattr(value, name, None)!r}" for name in fields)
+        return f"LoraConfig({inner}, ...)"
+    return repr(value)
