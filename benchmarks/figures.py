@@ -5,7 +5,8 @@
   to train it: full fine-tuning in fp32, in bf16 mixed precision, with gradient
   checkpointing, with 8-bit AdamW, in pure bf16; LoRA; QLoRA; and bf16 inference. Each
   bar is the step's peak, labelled with where the peak is; the card's memory is a line
-  and the region past it is shaded.
+  and the region past it is shaded. A bar is what nvidia-smi shows; its label, what the
+  step needs (the allocator's OOM line plus the context), which decides the verdict.
 * ``docs/img/memory_vs_batch.png`` (recipes page): device memory against batch size for
   the QLoRA recipe, ``torchfit plan llama-2-7b --gpu "RTX 4090" --train --dtype nf4
   --checkpointing --plot ...``, drawn by the same ``plot_plan`` the command uses.
@@ -27,7 +28,7 @@ import matplotlib.pyplot as plt
 
 import torchfit
 from torchfit.memory import estimate, to_device
-from torchfit.memory.plan.plot import YLABEL, plot_plan
+from torchfit.memory.plan.plot import plot_plan
 from torchfit.memory.result import MemoryEstimate
 
 GiB = 2**30
@@ -87,17 +88,18 @@ def breakdown(path: Path) -> None:
     axes.text(limit, len(rows) - 0.45, f" {card.name}: {limit:.0f} GiB", color="#d62728")
     for y, (_, e) in zip(positions, rows, strict=True):  # the total and where the peak is
         total = e.device_total / GiB
-        fits = e.device_total <= card.memory
+        fits = e.device_needed <= card.memory  # the verdict's rule: the OOM line decides
+        verdict = "fits" if fits else "does not fit"
         axes.text(
             total + 0.4,
             y,
-            f"{total:.1f} GiB, {'fits' if fits else 'does not fit'}\npeak: {e.peak_at}",
+            f"needs {e.device_needed / GiB:.1f} GiB, {verdict}\npeak: {e.peak_at}",
             va="center",
             color="black" if fits else "#b22222",
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1},
         )
     axes.set_yticks(positions, [label for label, _ in rows], fontsize=9)
-    axes.set_xlabel(YLABEL)
+    axes.set_xlabel("device memory (nvidia-smi), GiB; the label: what the step needs")
     axes.set_xlim(0, right)
     axes.set_ylim(-0.6, len(rows) - 0.1)
     axes.set_title(

@@ -332,6 +332,7 @@ _TOP: list[Case] = [
                     "overhead",
                     "reserved",
                     "context",
+                    "oom_line",
                 ),
                 NON_NEGATIVE,
             ),
@@ -339,6 +340,7 @@ _TOP: list[Case] = [
             "notes": Kind("notes", ("x", [3], 3)),
             "layers": Kind("layers", ("x", [3], 3)),
             "peak_at": Kind("peak_at", (3, None, ["x"])),
+            "outline": Kind("outline", (3, "x", [3])),
         },
     ),
     Case(

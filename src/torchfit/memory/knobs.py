@@ -9,7 +9,7 @@ from typing import Any
 from torchfit._bnb.config import read_bitsandbytes_config
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
-from torchfit._core.step import Loop, Mode, Numerics, parse_mode, resolve_numerics
+from torchfit._core.step import Loop, Mode, Numerics, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
@@ -20,7 +20,6 @@ __all__ = [
     "ESTIMATE_RULES",
     "check_base_dtype",
     "check_step",
-    "step_keywords",
     "check_generation",
     "kbit_prepare_of",
     "quantization_of",
@@ -298,85 +297,6 @@ def with_compute(numerics: Numerics, compute: DType | None, *, precision: str | 
             "leave mixed_precision out"
         )
     return dataclasses.replace(numerics, compute=compute)
-
-
-#: Precision names by compute dtype (Lightning's): the prefix before ``-mixed``/``-true``.
-_PREFIX = {DType.FP32: "32", DType.FP16: "16", DType.BF16: "bf16"}
-
-
-def step_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-    """`Step`'s fields from `estimate`'s keywords, older spellings read.
-
-    ``dtype``, ``mixed_precision`` and a ``BitsAndBytesConfig`` in ``quantization``
-    become ``precision`` and ``quantization``.
-
-    A float ``dtype`` without ``precision`` is the compute dtype: 16-bit training runs
-    under autocast with fp32 master weights (``"bf16-mixed"``) unless
-    ``mixed_precision=False``; inference holds the model in it (``"bf16-true"``).
-
-    Raises:
-        TypeError: an unknown keyword.
-        ValueError: spellings that contradict each other (`resolve_numerics`).
-
-    Example:
-        >>> step_keywords({"dtype": "fp16", "batch_size": 2})["precision"]
-        '16-mixed'
-        >>> step_keywords({"dtype": "nf4", "mode": "inference"})["quantization"]
-        'nf4'
-    """
-    from torchfit.memory.step import AUTO, Step  # noqa: PLC0415
-
-    names = {f.name for f in dataclasses.fields(Step)}
-    unknown = sorted(set(keywords) - names - {"dtype", "mixed_precision"})
-    if unknown:
-        raise TypeError(
-            f"unknown step keyword {unknown[0]!r}; expected a field of torchfit.Step "
-            f"({', '.join(sorted(names))}), dtype or mixed_precision"
-        )
-    fields = dict(keywords)
-    dtype = fields.pop("dtype", None)
-    mixed = fields.pop("mixed_precision", None)
-    quantization = fields.pop("quantization", None)
-    precision = fields.get("precision")
-    if isinstance(quantization, (str, DType)):
-        if dtype is not None:
-            raise ValueError(
-                f"quantization={quantization!r} and dtype={dtype!r} both name the weights; "
-                "pass quantization= alone (precision= names the compute)"
-            )
-        dtype, quantization = quantization, None
-    dtype, double_quant, head, bnb_compute = quantization_of(
-        quantization,
-        dtype=dtype,
-        double_quant=fields.get("double_quant"),
-        quantize_head=fields.get("quantize_head", False),
-    )
-    fields["double_quant"], fields["quantize_head"] = double_quant, head
-    if precision == AUTO:  # the card decides; dtype may only name a quantized base
-        fmt = None if dtype is None or str(dtype) == AUTO else parse_dtype(dtype)
-        if fmt is not None and not fmt.is_quantized:
-            raise ValueError(
-                f"precision='auto' picks the card's 16-bit precision, and dtype={fmt.value!r} "
-                "would name another; pass precision= a name ('bf16-mixed') or leave dtype out"
-            )
-        fields["quantization"] = None if fmt is None else fmt.value
-        return fields
-    numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed)
-    numerics = with_compute(numerics, bnb_compute, precision=precision)
-    quantized = numerics.weights.is_quantized
-    fields["quantization"] = numerics.weights.value if quantized else None
-    if precision is None:
-        training = parse_mode(fields.get("mode", "train")) is Mode.TRAIN
-        autocast = numerics.mixed
-        if autocast is None:
-            autocast = training and numerics.compute.bits == 16
-        if numerics.compute not in _PREFIX:
-            raise ValueError(
-                f"dtype={numerics.compute.value!r} has no precision of its own; expected fp32, "
-                "bf16 or fp16 (precision='32-true', 'bf16-mixed', 'bf16-true', ...)"
-            )
-        fields["precision"] = f"{_PREFIX[numerics.compute]}-{'mixed' if autocast else 'true'}"
-    return fields
 
 
 def check_step(step: Any) -> bool:

@@ -112,7 +112,14 @@ class MemoryEstimate:
             if value < 0:
                 raise ValueError(f"MemoryEstimate.{name} must be >= 0 bytes; got {value}")
         checks.fields(
-            self, "reserved", "notes", "layers", "peak_at", device=checks.one_of("cuda", "cpu")
+            self,
+            "reserved",
+            "notes",
+            "layers",
+            "peak_at",
+            "outline",
+            "oom_line",
+            device=checks.one_of("cuda", "cpu"),
         )
 
     @property
@@ -130,6 +137,26 @@ class MemoryEstimate:
         """What ``nvidia-smi`` would show: reserved (or allocated) bytes plus the context."""
         held = self.total if self.reserved is None else max(self.reserved, self.total)
         return held + self.context
+
+    @property
+    def device_needed(self) -> int:
+        """The smallest card the step runs on: the OOM line plus the context.
+
+        Before it raises out of memory, the caching allocator frees the blocks it caches
+        and tries again, so a step runs on a card smaller than `device_total`, down to
+        `oom_line` (the smallest capacity the replayed step fits in) plus the CUDA context.
+        Without a replay this is `device_total`. Verdicts (`fits`) decide on it.
+
+        Example:
+            >>> e = MemoryEstimate(weights=2**30, reserved=3 * 2**29, context=2**28)
+            >>> e.device_needed == e.device_total
+            True
+            >>> e.replace(oom_line=2**30 + 2**20).device_needed // 2**20
+            1281
+        """
+        if self.oom_line is None:
+            return self.device_total
+        return max(self.oom_line, self.total) + self.context
 
     def items(self) -> Iterator[tuple[str, int]]:
         """Yield ``(category, bytes)`` pairs in table order."""
@@ -190,12 +217,14 @@ class MemoryEstimate:
         return self.__mul__(factor)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field plus ``total`` and ``device_total``, as plain Python values."""
-        data = dataclasses.asdict(self)
+        """Every figure plus ``total``, ``device_total`` and ``device_needed``, as plain values."""
+        data = dataclasses.asdict(dataclasses.replace(self, outline=None))
+        data.pop("outline")  # the schedule `to_device` replayed, not a figure
         data["notes"] = list(self.notes)
         data["layers"] = [dataclasses.asdict(row) for row in self.layers]
         data["total"] = self.total
         data["device_total"] = self.device_total
+        data["device_needed"] = self.device_needed
         return data
 
     def __repr__(self) -> str:
@@ -223,6 +252,8 @@ class MemoryEstimate:
             rows.append(("CUDA context", self.context))
         if self.reserved is not None or self.context:
             rows.append(("device total (nvidia-smi)", self.device_total))
+        if self.oom_line is not None:
+            rows.append(("needs on the card (OOM line)", self.device_needed))
         width = max(len(name) for name, _ in rows)
         lines = [f"MemoryEstimate ({self.device})"]
         lines += [f"  {name:<{width}}  {format_bytes(value):>12}" for name, value in rows]

@@ -9,7 +9,7 @@ from torchfit.cli import main
 from torchfit.memory.plan.plot import (
     YLABEL,
     batch_sizes,
-    device_totals,
+    device_needs,
     draw_plan,
     plot_path,
     plot_plan,
@@ -30,12 +30,12 @@ GiB = 2**30
 )
 def test_the_points_are_the_estimates_the_verdict_uses(model, gpu, kwargs):
     plan = torchfit.fits(model, gpu, **kwargs)
-    at_plan, at_largest, past = device_totals(
+    at_plan, at_largest, past = device_needs(
         model,
         plan,
         [plan.settings.batch_size, max(plan.max_batch_size, 1), plan.max_batch_size + 1],
     )
-    assert at_plan == plan.estimate.device_total
+    assert at_plan == plan.estimate.device_needed
     assert (at_largest <= plan.budget) == (plan.max_batch_size > 0)
     assert past > plan.budget
 
@@ -61,7 +61,7 @@ def _drawn(model, gpu, **kwargs):
 
 def test_the_picture_states_the_answer():
     plan, axes, texts = _drawn("llama-2-7b", "RTX 4090", dtype="nf4", gradient_checkpointing=True)
-    assert axes.get_ylabel() == YLABEL == "device memory (nvidia-smi), GiB"
+    assert axes.get_ylabel() == YLABEL == "device memory needed (OOM line + CUDA context), GiB"
     bottom, top = axes.get_ylim()
     assert bottom == 0
     assert "NVIDIA GeForce RTX 4090 (24.00 GiB)" in axes.get_title()
@@ -80,7 +80,7 @@ def test_the_picture_states_the_answer():
 def test_a_plan_where_nothing_fits_marks_batch_one():
     plan, _, texts = _drawn("llama-2-7b", "RTX 4090", dtype="nf4")
     assert plan.max_batch_size == 0
-    gib = plan.estimate.device_total / GiB
+    gib = plan.estimate.device_needed / GiB
     assert f"batch 1 does not fit: {gib:.2f} of 24.00 GiB" in texts
 
 

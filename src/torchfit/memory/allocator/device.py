@@ -342,13 +342,13 @@ def _outline_reserved(
     reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
     line = smallest_capacity(
         schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
-    )
+    ) + (reserved - stats.peak_reserved)
     notes.append(
         f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
         f"events after a warm-up of {len(warm)}) replayed through the allocator model; it "
         f"runs out of memory below {format_bytes(line)} reserved"
     )
-    return max(reserved, total), line + (reserved - stats.peak_reserved)
+    return max(reserved, total), line
 
 
 def _events_reserved(

@@ -40,14 +40,14 @@ class Advice:
 
     Attributes:
         knob: What to change, in words (``"gradient checkpointing"``).
-        device_total: The re-estimated device total with that change.
+        device_needed: The re-estimated device need (`MemoryEstimate.device_needed`).
         saves: Bytes saved against the current plan.
         fits: Whether the card holds it with that change.
         detail: How to apply it, or the rule the figure assumes.
     """
 
     knob: str
-    device_total: int
+    device_needed: int
     saves: int
     fits: bool
     detail: str = ""
@@ -59,7 +59,7 @@ class Advice:
     def __str__(self) -> str:
         """One line: verdict, knob, new total, saving, detail."""
         mark = "fits" if self.fits else "no  "
-        text = f"[{mark}] {self.knob}: {format_bytes(self.device_total)}"
+        text = f"[{mark}] {self.knob}: {format_bytes(self.device_needed)}"
         text += f" (saves {format_bytes(self.saves)})"
         return f"{text}; {self.detail}" if self.detail else text
 
@@ -142,10 +142,10 @@ def advise(
     found: list[Advice] = []
     for knob, changes, detail in _changes(settings, card):
         try:
-            total = reestimate(changes).device_total
+            total = reestimate(changes).device_needed
         except ValueError:
             continue
-        found.append(Advice(knob, total, current.device_total - total, total <= budget, detail))
+        found.append(Advice(knob, total, current.device_needed - total, total <= budget, detail))
     found += _accumulation(reestimate, settings, current, budget)
     if settings.mode == "train":
         found += _sharding(reestimate, settings, current, budget, num_gpus)
@@ -171,7 +171,7 @@ def _accumulation(
             "optimizer_in_backward": False,
         }
         try:
-            total = reestimate(changes).device_total
+            total = reestimate(changes).device_needed
         except ValueError:  # the estimator cannot model accumulation for this model
             return []
         if total <= budget or micro == 1:
@@ -179,7 +179,7 @@ def _accumulation(
                 Advice(
                     f"batch {micro} x {steps} accumulation steps",
                     total,
-                    current.device_total - total,
+                    current.device_needed - total,
                     total <= budget,
                     f"same effective batch ({micro * steps})",
                 )
@@ -209,7 +209,7 @@ def _sharding(
             continue
         n, micro, steps, total = found
         kept = n * micro * steps
-        if kept != global_batch and current.device_total <= budget:
+        if kept != global_batch and current.device_needed <= budget:
             continue  # it fits already: a bigger global batch is another run, not a saving
         knob = f"{label} on {n} GPUs at batch {micro} per GPU"
         knob += f", {steps} steps accumulated" if steps > 1 else ""
@@ -217,7 +217,7 @@ def _sharding(
             f" (global {kept})" if kept == global_batch else f" (global {kept}, was {global_batch})"
         )
         fits = total <= budget
-        advice.append(Advice(knob, total, current.device_total - total, fits, detail))
+        advice.append(Advice(knob, total, current.device_needed - total, fits, detail))
     return advice + _offload(current, budget)
 
 
@@ -241,7 +241,7 @@ def _fewest_gpus(
         micro = share
         while micro >= 1:
             change = {"strategy": strategy, "world_size": n, "batch_size": micro}
-            total = reestimate(change).device_total
+            total = reestimate(change).device_needed
             steps = math.ceil(share / micro)
             if total <= budget:
                 return n, micro, steps, total
@@ -253,7 +253,7 @@ def _fewest_gpus(
 def _offload(current: MemoryEstimate, budget: int) -> list[Advice]:
     if not current.optimizer:
         return []
-    total = current.device_total - current.optimizer
+    total = current.device_needed - current.optimizer
     return [
         Advice(
             "optimizer state offloaded to CPU",

@@ -26,7 +26,7 @@ __all__ = [
     "YLABEL",
     "answer",
     "batch_sizes",
-    "device_totals",
+    "device_needs",
     "draw_plan",
     "plot_path",
     "plot_plan",
@@ -35,7 +35,7 @@ __all__ = [
 
 _GIB = 2**30
 #: The y-axis: the quantity every point is.
-YLABEL = "device memory (nvidia-smi), GiB"
+YLABEL = "device memory needed (OOM line + CUDA context), GiB"
 
 
 def batch_sizes(largest: int) -> list[int]:
@@ -54,14 +54,14 @@ def batch_sizes(largest: int) -> list[int]:
     return sorted(sizes)
 
 
-def device_totals(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
-    """The plan's device total (bytes ``nvidia-smi`` would show) at each batch size."""
+def device_needs(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
+    """The plan's device need (`MemoryEstimate.device_needed`) at each batch size."""
     from torchfit.memory.plan.device import device_estimate  # noqa: PLC0415
 
     return [
         device_estimate(
             model, dataclasses.replace(plan.settings, batch_size=size), plan.gpu
-        ).device_total
+        ).device_needed
         for size in sizes
     ]
 
@@ -113,7 +113,7 @@ def draw_plan(model: Any, plan: Plan) -> Any:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     sizes = batch_sizes(plan.max_batch_size)
-    totals = device_totals(model, plan, sizes)
+    totals = device_needs(model, plan, sizes)
     card = plan.budget / _GIB
     top = max(max(totals) / _GIB, card) * 1.15
     figure, axes = plt.subplots(figsize=(8, 4.5))

@@ -46,12 +46,13 @@ class Plan:
     """The verdict for one model on one card (or several).
 
     Attributes:
-        fits: The device total (reserved + CUDA context) is within the card's memory.
+        fits: The step's device need (`MemoryEstimate.device_needed`: the allocator's OOM
+            line plus the CUDA context) is within the card's memory.
         estimate: The device-level `MemoryEstimate` of the planned step.
         gpu: The card (the smallest one when several were given).
         num_gpus: How many cards were given.
         budget: Bytes available on one card.
-        headroom: ``budget - estimate.device_total`` (negative when it does not fit).
+        headroom: ``budget - estimate.device_needed`` (negative when it does not fit).
         max_batch_size: Largest batch that fits with these settings (0 if none).
         max_seq_len: Longest sequence at batch 1 that fits (transformers), else ``None``.
         advice: Knobs that make it fit or fit more, each re-estimated, best first.
@@ -100,7 +101,7 @@ class Plan:
         what += f", seq {s.seq_len}" if s.seq_len else ""
         what += f", input {'x'.join(map(str, s.input_shape))}" if s.input_shape else ""
         verdict = "FITS" if self.fits else "DOES NOT FIT"
-        used = f"{format_bytes(self.estimate.device_total)} of {format_bytes(self.budget)}"
+        used = f"needs {format_bytes(self.estimate.device_needed)} of {format_bytes(self.budget)}"
         return f"<Plan {what}: {verdict}, {used} on {self._cards()}>"
 
     def _numbers(self) -> str:
@@ -328,7 +329,7 @@ def fits(
 
     def fits_with(**changes: Any) -> bool:
         changed = dataclasses.replace(settings, **changes)
-        return _device_estimate(model, changed, card).device_total <= card.total
+        return _device_estimate(model, changed, card).device_needed <= card.total
 
     max_batch = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
     max_seq = None
@@ -344,12 +345,12 @@ def fits(
         num_gpus=count,
     )
     return Plan(
-        fits=current.device_total <= card.total,
+        fits=current.device_needed <= card.total,
         estimate=current,
         gpu=card,
         num_gpus=count,
         budget=card.total,
-        headroom=card.total - current.device_total,
+        headroom=card.total - current.device_needed,
         max_batch_size=max_batch,
         max_seq_len=max_seq,
         advice=advice,
