@@ -152,8 +152,9 @@ _TOP: list[Case] = [
         "fits",
         lambda: torchfit.fits,
         kwargs={"model": "gpt2", "gpu": "RTX 3060", "seq_len": 64},
-        kinds={k: v for k, v in ESTIMATE.items() if k != "mixed_precision"}
-        | {
+        kinds={
+            "model": ESTIMATE["model"],
+            "step": Kind("step", (3, "train", {"batch_size": 2}, [1])),
             "gpu": CARD,
             "strategy": NAME,
             "offload_optimizer": FLAG,
@@ -163,9 +164,7 @@ _TOP: list[Case] = [
             "cuda_version": NAME,
             "context_bytes": SIZE,
         },
-        bases={
-            "input_shape": {"model": "resnet-50", "gpu": "RTX 3060", "input_shape": (3, 64, 64)}
-        },
+        partial=True,  # **keywords: torchfit.Step's fields, checked by the Step case
     ),
     Case(
         "host_fits",
