@@ -1,5 +1,7 @@
 """`Step` fields read from real ``TrainingArguments`` and a real Lightning ``Trainer``."""
 
+import subprocess
+import sys
 import typing
 import warnings
 
@@ -329,6 +331,17 @@ def test_a_bitsandbytes_plugin_gives_the_quantized_base():
         merge_fields(training, {})
 
 
+def test_an_accumulation_schedule_counts_its_largest_factor():
+    schedule = lightning.pytorch.callbacks.GradientAccumulationScheduler({0: 2, 3: 8, 6: 4})
+    scheduled = lightning.Trainer(
+        accelerator="cpu", callbacks=[schedule], logger=False, enable_checkpointing=False
+    )
+    read = lightning_fields(scheduled)
+    assert scheduled.accumulate_grad_batches == 1  # what the Trainer says before fit
+    assert read.fields["gradient_accumulation_steps"] == 8
+    assert "GradientAccumulationScheduler" in read.read_from["gradient_accumulation_steps"]
+
+
 def test_a_distributed_strategy_is_a_note():
     ddp = lightning.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False
@@ -341,3 +354,16 @@ def test_step_fields_warn_each_note_once():
     with pytest.warns(NotModelledWarning) as seen:
         read.warn()
     assert [str(w.message) for w in seen] == ["X: a", "X: b"]
+
+
+def test_reading_needs_neither_transformers_nor_lightning_imported():
+    code = (
+        "import sys, torchfit.memory.step_from\n"
+        "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -105,11 +105,30 @@ def _precision_name(name: str, read: dict[str, Any], *, setting: str) -> None:
     read["read_from"]["precision"] = setting
 
 
+def _accumulation(trainer: Any, read: dict[str, Any]) -> None:
+    """``accumulate_grad_batches``, or the largest factor of a ``GradientAccumulationScheduler``.
+
+    The callback sets ``trainer.accumulate_grad_batches`` at each epoch's start and refuses
+    a Trainer whose own value is not 1 (lightning 2.6,
+    pytorch/callbacks/gradient_accumulation_scheduler.py); gradients stay alive across
+    micro-batches whenever the factor is above 1, so the largest one decides memory.
+    """
+    steps = trainer.accumulate_grad_batches
+    setting = f"accumulate_grad_batches={steps}"
+    for callback in getattr(trainer, "callbacks", ()):
+        if any(c.__name__ == "GradientAccumulationScheduler" for c in type(callback).__mro__):
+            steps = max(callback.scheduling.values())
+            setting = f"GradientAccumulationScheduler({callback.scheduling}): largest {steps}"
+    read["fields"]["gradient_accumulation_steps"] = steps
+    read["read_from"]["gradient_accumulation_steps"] = setting
+
+
 def lightning_fields(trainer_or_precision: Any) -> StepFields:
     """The `Step` fields of a Lightning ``Trainer``, precision plugin or precision input.
 
     A ``Trainer`` gives its precision plugin's precision and ``accumulate_grad_batches``
-    (``gradient_accumulation_steps``); a ``BitsandbytesPrecision`` plugin gives the
+    (``gradient_accumulation_steps``; with a ``GradientAccumulationScheduler``, its largest
+    factor); a ``BitsandbytesPrecision`` plugin gives the
     quantized format, ``f"{dtype}-true"`` and ``base_dtype="fp16"``. A precision input is
     read as Lightning reads it: ``16`` and ``"16"`` are ``"16-mixed"``, ``"bf16"`` is
     ``"bf16-mixed"``, ``32`` is ``"32-true"``. ``"64-true"`` and ``"transformer-engine"``
@@ -141,9 +160,7 @@ def lightning_fields(trainer_or_precision: Any) -> StepFields:
         source = "Lightning precision"
     elif hasattr(value, "precision_plugin") and hasattr(value, "accumulate_grad_batches"):
         _plugin_fields(value.precision_plugin, read)
-        steps = value.accumulate_grad_batches
-        read["fields"]["gradient_accumulation_steps"] = steps
-        read["read_from"]["gradient_accumulation_steps"] = f"accumulate_grad_batches={steps}"
+        _accumulation(value, read)
         strategy = type(value.strategy).__name__
         if strategy != "SingleDeviceStrategy":
             read["notes"].append(

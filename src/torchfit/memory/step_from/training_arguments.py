@@ -162,6 +162,7 @@ def training_arguments_fields(args: Any) -> StepFields:
     (evaluation only), ``tf32`` (matmul precision, not sizes), ``torch_empty_cache_steps``
     (empties the cache between steps; the step's peak is the same),
     ``optim_target_modules`` (GaLore and APOLLO only, which have no model here),
+    ``use_cpu`` (the device is never read: see `torchfit.memory.step_from`),
     ``use_cache`` (not used by training forwards) and ``neftune_noise_alpha`` (one
     embeddings-sized temporary in the forward, integrations/neftune.py).
 
