@@ -128,8 +128,8 @@ def lightning_fields(trainer_or_precision: Any) -> StepFields:
 
     A ``Trainer`` gives its precision plugin's precision and ``accumulate_grad_batches``
     (``gradient_accumulation_steps``; with a ``GradientAccumulationScheduler``, its largest
-    factor); a ``BitsandbytesPrecision`` plugin gives the
-    quantized format, ``f"{dtype}-true"`` and ``base_dtype="fp16"``. A precision input is
+    factor); a ``BitsandbytesPrecision`` plugin gives the quantized format,
+    ``f"{dtype}-true"`` and ``base_dtype="fp16"``. A precision input is
     read as Lightning reads it: ``16`` and ``"16"`` are ``"16-mixed"``, ``"bf16"`` is
     ``"bf16-mixed"``, ``32`` is ``"32-true"``. ``"64-true"`` and ``"transformer-engine"``
     have no `Step` precision: `merge_fields` refuses them unless ``precision=`` is given.
