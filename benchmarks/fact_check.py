@@ -4,7 +4,10 @@ For every claim: the setting it is read as, torchfit's estimate of that setting 
 card (the same numbers ``torchfit plan`` / ``torchfit.fits`` print: the analytic
 estimate taken to the device with the allocator model and the CUDA context), the
 largest batch that fits, and each knob that could flip the verdict, re-estimated with
-the same estimator. Transformers go through the closed forms, CNNs through a meta-device
+the same estimator. Every verdict, headroom and largest batch decides on
+``MemoryEstimate.device_needed`` (the allocator's OOM line plus the CUDA context), the
+rule ``torchfit.fits`` applies; the device total (what nvidia-smi shows) is printed
+beside it. Transformers go through the closed forms, CNNs through a meta-device
 pass of the catalog model; nothing is allocated, no GPU is needed, and the output is
 deterministic. ``docs/fact-check.md`` is these tables plus the verdicts in words.
 
@@ -32,6 +35,16 @@ GiB = 2**30
 def gpu(name: str) -> GPU:
     """A catalog card, or a custom one from a size ("4GB"), as `fits` resolves it."""
     return resolve_budget(name)[0]
+
+
+def budget(name: str) -> int:
+    """The bytes `fits` compares with: the card's total as nvidia-smi shows it."""
+    return gpu(name).total
+
+
+def fits_on(e: MemoryEstimate, card: str) -> bool:
+    """`fits`' rule: the device need (OOM line + context) is within the card."""
+    return e.device_needed <= budget(card)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +154,20 @@ class Evaluator:
         return self.cache[key]
 
     def fits(self, model: str, card: str, setting: dict[str, Any]) -> bool:
-        return self.device(model, card, setting).device_total <= gpu(card).memory
+        return fits_on(self.device(model, card, setting), card)
 
     def largest_batch(self, model: str, card: str, setting: dict[str, Any]) -> int:
-        """Largest batch whose device total fits (`fits`' rule), from a line then checked."""
+        """Largest batch whose device need fits (`fits`' rule), from a line then checked."""
 
         def ok(batch: int) -> bool:
             return self.fits(model, card, {**setting, "batch_size": batch})
 
         if not ok(1):
             return 0
-        one = self.device(model, card, {**setting, "batch_size": 1}).device_total
-        two = self.device(model, card, {**setting, "batch_size": 2}).device_total
+        one = self.device(model, card, {**setting, "batch_size": 1}).device_needed
+        two = self.device(model, card, {**setting, "batch_size": 2}).device_needed
         slope = two - one
-        guess = 1 + (gpu(card).memory - one) // slope if slope > 0 else 2
+        guess = 1 + (budget(card) - one) // slope if slope > 0 else 2
         good, bad = 1, max(int(guess), 2)
         if ok(bad):
             good, bad = bad, bad + 1
@@ -164,6 +177,10 @@ class Evaluator:
             mid = (good + bad) // 2
             good, bad = (mid, bad) if ok(mid) else (good, mid)
         return good
+
+
+#: The figure every verdict decides on (`MemoryEstimate.device_needed`).
+NEEDS = "needs on the card (OOM line + context)"
 
 
 def gib(n: int) -> str:
@@ -183,7 +200,7 @@ def setting_text(setting: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def breakdown(claim: Claim, e: MemoryEstimate, budget: int, largest: int) -> list[str]:
+def breakdown(claim: Claim, e: MemoryEstimate, card_bytes: int, largest: int) -> list[str]:
     rows = [
         ("weights", e.weights),
         ("gradients", e.gradients),
@@ -192,11 +209,12 @@ def breakdown(claim: Claim, e: MemoryEstimate, budget: int, largest: int) -> lis
         ("KV cache", e.kv_cache),
         ("workspace", e.workspace),
         ("allocated peak", e.total),
-        ("reserved (allocator)", e.reserved),
+        ("reserved (allocator)", e.reserved or 0),
         ("CUDA context", e.context),
         ("device total (nvidia-smi)", e.device_total),
-        ("card", budget),
-        ("headroom", budget - e.device_total),
+        (NEEDS, e.device_needed),
+        ("card", card_bytes),
+        ("headroom (card - needs)", card_bytes - e.device_needed),
     ]
     lines = [
         f"`{claim.command}`",
@@ -214,20 +232,20 @@ def breakdown(claim: Claim, e: MemoryEstimate, budget: int, largest: int) -> lis
 def knob_table(claim: Claim, ev: Evaluator) -> list[str]:
     lines = [
         (
-            "| knob (changed from the setting above) | device total GiB | card GiB | fits? "
-            "| largest batch |"
+            "| knob (changed from the setting above) | device total GiB | needs GiB "
+            "| card GiB | fits? | largest batch |"
         ),
-        "|---|---:|---:|---|---:|",
+        "|---|---:|---:|---:|---|---:|",
     ]
     for label, changes in claim.knobs:
         card = changes.get("card", claim.card)
         setting = {**claim.setting, **{k: v for k, v in changes.items() if k != "card"}}
         e = ev.device(claim.model, card, setting)
-        fits = e.device_total <= gpu(card).memory
         largest = ev.largest_batch(claim.model, card, setting)
-        mark = "**yes**" if fits else "no"
+        mark = "**yes**" if fits_on(e, card) else "no"
         lines.append(
-            f"| {label} | {gib(e.device_total)} | {gib(gpu(card).memory)} | {mark} | {largest} |"
+            f"| {label} | {gib(e.device_total)} | {gib(e.device_needed)} "
+            f"| {gib(budget(card))} | {mark} | {largest} |"
         )
     return lines
 
@@ -235,7 +253,7 @@ def knob_table(claim: Claim, ev: Evaluator) -> list[str]:
 def gpt3_arithmetic() -> list[str]:
     """Weights alone, before any activation or cache: the claim fails here already."""
     params = model_entry("gpt3-175b").params
-    card = gpu("A100 40GB").memory
+    card = budget("A100 40GB")
     int8 = quantize.quantized_footprint("gpt3-175b", bits=8, dtype="bf16")
     nf4 = quantize.quantized_footprint("gpt3-175b", bits=4, dtype="bf16")
     # Weights split evenly over N cards (tensor/pipeline parallel), each card also holding
@@ -268,20 +286,23 @@ def main() -> None:
     started = time.perf_counter()
     ev = Evaluator()
     summary = [
-        "| claim | setting checked | device total GiB | card GiB | torchfit | largest batch |",
-        "|---|---|---:|---:|---|---:|",
+        (
+            "| claim | setting checked | device total GiB | needs GiB | card GiB | torchfit "
+            "| largest batch |"
+        ),
+        "|---|---|---:|---:|---:|---|---:|",
     ]
     sections: list[str] = []
     for claim in CLAIMS:
         e = ev.device(claim.model, claim.card, claim.setting)
-        budget = gpu(claim.card).memory
+        card_bytes = budget(claim.card)
         largest = ev.largest_batch(claim.model, claim.card, claim.setting)
-        verdict = "FITS" if e.device_total <= budget else "DOES NOT FIT"
+        verdict = "FITS" if fits_on(e, claim.card) else "DOES NOT FIT"
         summary.append(
             f"| {claim.text} | {setting_text(claim.setting)} | {gib(e.device_total)} "
-            f"| {gib(budget)} | {verdict} | {largest} |"
+            f"| {gib(e.device_needed)} | {gib(card_bytes)} | {verdict} | {largest} |"
         )
-        sections += ["", f"### {claim.text}", "", *breakdown(claim, e, budget, largest), ""]
+        sections += ["", f"### {claim.text}", "", *breakdown(claim, e, card_bytes, largest), ""]
         if claim.key == "gpt3":
             sections += [*gpt3_arithmetic(), ""]
         sections += knob_table(claim, ev)

@@ -37,8 +37,9 @@ def test_plan_json(capsys):
         == 0
     )
     data = json.loads(capsys.readouterr().out)
-    assert data["settings"]["mode"] == "inference"
-    assert data["settings"]["batch_size"] == 4
+    step = data["settings"]["step"]
+    assert (step["mode"], step["batch_size"], step["seq_len"]) == ("inference", 4, 256)
+    assert step["quantization"] == "int8"
     assert data["fits"] is True
 
 
@@ -146,15 +147,15 @@ def test_plan_a_vision_model_from_the_catalog_uses_its_image(capsys):
     argv = ["plan", "resnet-50", "--gpu", "GTX 1060 6GB", "--batch", "32", "--json"]
     assert main(argv) == 0
     default = json.loads(capsys.readouterr().out)
-    assert default["settings"]["input_shape"] == [3, 224, 224]
-    assert default["settings"]["seq_len"] is None
+    assert default["settings"]["step"]["input_shape"] == [3, 224, 224]
+    assert default["settings"]["step"]["seq_len"] is None
     assert main([*argv, "--input-shape", "3,448,448"]) == 0
     larger = json.loads(capsys.readouterr().out)
-    assert larger["settings"]["input_shape"] == [3, 448, 448]
+    assert larger["settings"]["step"]["input_shape"] == [3, 448, 448]
     # four times the pixels: about four times the activations
     ratio = larger["estimate"]["activations"] / default["estimate"]["activations"]
     assert 3.5 < ratio < 4.5
-    assert larger["max_batch_size"] < default["max_batch_size"]
+    assert larger["largest_batch"] < default["largest_batch"]
 
 
 # --- models by the names people use (issue 15) --------------------------------------------
@@ -275,12 +276,12 @@ def test_a_plan_without_seq_says_it_plans_the_models_maximum_first(capsys):
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [SEQ_LINE]
     first = captured.out.splitlines()[0]
-    assert first.startswith("Qwen/Qwen3-8B, train, bf16, batch 1, seq 40960, ")
+    assert first.startswith("Qwen/Qwen3-8B, train, bf16-mixed, batch 1, seq 40960, ")
     assert "verdict: DOES NOT FIT" in captured.out
     # stdout stays the plan alone: with --json, one JSON document
     assert main(["plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["settings"]["seq_len"] == 40960
+    assert json.loads(captured.out)["settings"]["step"]["seq_len"] == 40960
     assert captured.err.splitlines() == [SEQ_LINE]
 
 

@@ -59,6 +59,10 @@ SHAPE = Flag(
         lambda xs: ",".join(map(str, xs))
     ),
 )
+FRACTION = Flag(
+    ("-0.1", "1", "1.5", "nan", "inf", "", " ", "x", "5%"),
+    st.one_of(st.floats(min_value=1.0).map(str), st.floats(max_value=-1e-9).map(str), _NONSENSE),
+)
 PATH = Flag(("", " ", "\t", ".png", " .png", "/no/such/folder/plan.png", "."), _BLANK)
 TEXT = Flag(("", " ", "\t"), _BLANK)
 MODEL = Flag(("", " ", "\t"), _BLANK)
@@ -86,7 +90,8 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--lora-targets"): NAMES, ("plan", "--bitsandbytes-version"): VERSION,
     ("plan", "--no-double-quant"): SWITCH, ("plan", "--base-dtype"): NAME,
     ("plan", "--quantize-head"): SWITCH, ("plan", "--loss-chunk"): COUNT,
-    ("plan", "--new-tokens"): COUNT,
+    ("plan", "--new-tokens"): COUNT, ("plan", "--no-kbit-prepare"): SWITCH,
+    ("plan", "--lora-dropout"): FRACTION,
     ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH,
     ("gpus", "--help"): None, ("gpus", "--json"): SWITCH,
     ("models", "--help"): None, ("models", "--search"): TEXT, ("models", "--json"): SWITCH,

@@ -664,7 +664,7 @@ def test_the_readme_examples_do_what_their_comments_say():
         gradient_checkpointing=True,
         seq_len=2048,
     )
-    assert plan.fits and plan.max_batch_size == 6
+    assert plan.fits and plan.largest_batch == 6
     assert "# layers 0-30 | 31-39" in readme
     placed = memory.plan_device_map("llama-2-13b", ["RTX 4090"] * 2, seq_len=4096)
     assert placed.fits

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from torchfit import __version__
 from torchfit._core.units import format_bytes
 from torchfit.cli import extras, values
-from torchfit.cli.flags import add_step_flags, refuse_idle_flags
+from torchfit.cli.flags import add_cuda_flags, add_step_flags, refuse_idle_flags, step_fields
 
 __all__ = ["main"]
 
@@ -98,36 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         type=values.dtype_or_auto,
         help="auto (bf16, or fp16 without native bf16), fp32, bf16, fp16, int8, nf4",
     )
-    plan.add_argument(
-        "--seq",
-        type=values.count,
-        default=None,
-        help="tokens per sample (default: the model's maximum; a line on stderr says so)",
-    )
-    plan.add_argument(
-        "--batch", type=values.count, default=1, help="batch size to check (default 1)"
-    )
-    plan.add_argument(
-        "--input-shape",
-        type=values.shape,
-        default=None,
-        help="one sample of a vision model, e.g. 3,380,380 (default: the config's image)",
-    )
-    plan.add_argument(
-        "--optimizer",
-        default="adamw",
-        type=values.optimizer,
-        help="sgd, sgd-momentum, adam, adamw, adamw-8bit, paged-adamw-8bit, paged-adamw, "
-        "lion, adafactor",
-    )
-    plan.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
-    plan.add_argument(
-        "--trainable-params",
-        type=values.whole,
-        default=None,
-        help="parameters that train (LoRA adapters, a frozen base); default: all",
-    )
-    plan.add_argument("--attn", default="sdpa", type=values.attention, help="eager, sdpa or flash")
+    add_step_flags(plan)
     plan.add_argument(
         "--trace",
         action="store_true",
@@ -139,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --inference: place the layers on the --gpus cards (accelerate), each "
         "keeping room for its KV cache and activations",
     )
-    add_step_flags(plan)
+    add_cuda_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument(
         "--plot",
@@ -166,37 +137,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: ``fits``'s parameters and the ``plan`` flags (their argparse dests) that give them.
-_FITS = {
-    "mode": "mode", "dtype": "dtype", "batch_size": "batch", "seq_len": "seq",
-    "input_shape": "input_shape", "optimizer": "optimizer",
-    "gradient_checkpointing": "checkpointing", "attn_implementation": "attn",
-    "trainable_params": "trainable_params", "strategy": "strategy",
-    "offload_optimizer": "offload_optimizer", "offload_params": "offload_params",
-    "param_dtype": "param_dtype", "gpus_per_node": "gpus_per_node", "precision": "precision",
-    "gradient_accumulation_steps": "accumulate", "set_to_none": "set_to_none",
-    "keep_output": "keep_output", "optimizer_in_backward": "optimizer_in_backward",
-    "cuda_version": "cuda_version", "context_bytes": "context", "loss_chunk_size": "loss_chunk",
-    "max_new_tokens": "new_tokens",
-    "lora_rank": "lora_rank", "lora_targets": "lora_targets",
-    "bitsandbytes_version": "bitsandbytes_version", "double_quant": "double_quant",
-    "quantize_head": "quantize_head", "base_dtype": "base_dtype",
-}  # fmt: skip
-
-
 def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Each of ``fits``'s parameters (and ``plan``'s own dests) -> the flag that sets it."""
+    """Each of ``plan``'s dests (`Step` fields and `fits`' arguments) -> its flag."""
     plan = next(
         action.choices["plan"]
         for action in parser._actions  # noqa: SLF001 - argparse keeps subparsers only here
         if isinstance(action, argparse._SubParsersAction)  # noqa: SLF001
     )
-    by_dest = {
+    return {
         action.dest: "/".join(action.option_strings) or action.dest.upper()
         for action in plan._actions  # noqa: SLF001
         if action.dest != "help"
     }
-    return {**by_dest, **{parameter: by_dest[dest] for parameter, dest in _FITS.items()}}
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -207,7 +159,18 @@ def _plan(args: argparse.Namespace) -> int:
     target = [card] * args.gpus if args.gpus > 1 else card
     model = extras.model_of(args)
     plan = fits(
-        model, target, **{parameter: getattr(args, dest) for parameter, dest in _FITS.items()}
+        model,
+        target,
+        mode=args.mode,
+        dtype=args.dtype,
+        **step_fields(args),
+        strategy=args.strategy,
+        offload_optimizer=args.offload_optimizer,
+        offload_params=args.offload_params,
+        param_dtype=args.param_dtype,
+        gpus_per_node=args.gpus_per_node,
+        cuda_version=args.cuda_version,
+        context_bytes=args.context_bytes,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(
@@ -219,8 +182,8 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(args.model, plan, args.plot)
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
-    if args.seq is None and plan.settings.seq_len is not None:  # before the answer, on stderr
-        print(_default_seq(model, plan.settings.seq_len), file=sys.stderr)
+    if args.seq_len is None and plan.step.seq_len is not None:  # before the answer, on stderr
+        print(_default_seq(model, plan.step.seq_len), file=sys.stderr)
     if args.json:
         data = plan.to_dict()
         if traced is not None:

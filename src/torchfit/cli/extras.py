@@ -30,21 +30,21 @@ def device_map(args: argparse.Namespace, plan: Any) -> Any:
     """The inference device map over ``--gpus`` cards for the plan's settings."""
     from torchfit.memory.device_map import plan_device_map  # noqa: PLC0415
 
-    settings = plan.settings
-    if settings.mode != "inference":
+    step = plan.step
+    if step.training:
         raise ValueError(
             "--device-map places the layers for inference (weights, KV cache, activations); "
             "add --inference, or use --strategy for training across GPUs"
         )
-    bits = {"int8": 8, "nf4": 4}.get(str(settings.dtype))
+    bits = {"int8": 8, "nf4": 4}.get(str(step.quantization))
     return plan_device_map(
         args.model,
         [args.gpu] * args.gpus,
-        batch_size=settings.batch_size,
-        seq_len=settings.seq_len,
-        dtype="auto" if bits else settings.dtype,
+        batch_size=step.batch_size,
+        seq_len=step.seq_len,
+        dtype="auto" if bits else step.compute.value,
         bits=bits,
-        attn_implementation=args.attn,
+        attn_implementation=step.attn_implementation,
     )
 
 
@@ -57,14 +57,14 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
     from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
     from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
-    settings = plan.settings
-    if settings.dtype not in {"fp32", "bf16", "fp16"}:
-        raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {settings.dtype}")
+    settings, step = plan.settings, plan.step
+    if step.quantization is not None:
+        raise ValueError(f"--trace supports fp32, bf16 and fp16; got --dtype {step.quantization}")
     untraceable = {
-        "--trainable-params": settings.trainable_params is not None,
-        "--lora-rank/--lora-targets": bool(settings.lora_rank or settings.lora_targets),
-        "--loss-chunk": settings.loss_chunk_size is not None,
-        "--new-tokens": settings.max_new_tokens is not None,
+        "--trainable-params": step.trainable_params is not None,
+        "--lora-rank/--lora-targets": step.wants_lora,
+        "--loss-chunk": step.loss_chunk_size is not None,
+        "--new-tokens": step.max_new_tokens is not None,
         "--gpus/--strategy": settings.world_size > 1 or settings.strategy is not None,
         "--offload-optimizer/--offload-params": (
             settings.offload_optimizer or settings.offload_params
@@ -76,9 +76,11 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
             f"--trace runs the plain model's step and cannot follow {', '.join(asked)}; "
             "drop --trace, or trace your own step with torchfit.memory.trace"
         )
-    train = settings.mode == "train"
-    model = build_model(model_of(args), device="meta", dtype="fp32" if train else settings.dtype)
-    if train and settings.gradient_checkpointing:
+    train = step.training
+    # training: fp32 weights, the precision applied by the trace; inference: held in it
+    weights = "fp32" if train else step.compute.value
+    model = build_model(model_of(args), device="meta", dtype=weights)
+    if train and step.gradient_checkpointing:
         enable = getattr(model, "gradient_checkpointing_enable", None)
         if enable is None:
             raise ValueError(
@@ -86,20 +88,18 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
                 f"{type(model).__name__} has no gradient_checkpointing_enable()"
             )
         enable()
-    if settings.seq_len is not None:
-        batch = settings.batch_size
+    if step.seq_len is not None:
         inputs: object = example_batch(
-            model, batch_size=batch, seq_len=settings.seq_len, training=train
+            model, batch_size=step.batch_size, seq_len=step.seq_len, training=train
         )
     else:
-        inputs = torch.zeros(settings.batch_size, *settings.input_shape, device="meta")
-    mixed = train and settings.dtype != "fp32" and settings.precision is None
+        inputs = torch.zeros(step.batch_size, *(step.input_shape or ()), device="meta")
     loop = (
         {
-            "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-            "set_to_none": settings.set_to_none,
-            "keep_output": settings.keep_output,
-            "optimizer_in_backward": settings.optimizer_in_backward,
+            "gradient_accumulation_steps": step.gradient_accumulation_steps,
+            "set_to_none": step.set_to_none,
+            "keep_output": step.keep_output,
+            "optimizer_in_backward": step.optimizer_in_backward,
         }
         if train
         else {}
@@ -108,12 +108,9 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
         return trace(
             model,
             inputs,
-            mode=settings.mode,
-            optimizer=None if settings.optimizer == "none" else settings.optimizer,
-            autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
-            if mixed
-            else None,
-            precision=settings.precision if train else None,
+            mode=step.mode,
+            optimizer=step.optimizer if train else None,
+            precision=step.precision if train else None,
             device="cuda",
             progress=True,
             gpu=plan.gpu,

@@ -1,46 +1,67 @@
-"""``torchfit plan``'s flags for the training loop, LoRA and the CUDA stack."""
+"""``torchfit plan``'s flags: the step's, made from `torchfit.Step`'s fields, and the CUDA stack's.
+
+Each `Step` field with a ``flag`` in its metadata becomes that flag, with its help and a
+reader for its kind; its argparse dest is the field's name, so a parsed namespace gives
+the step by name and an error from the library names the flag through the same field.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from torchfit.cli import values
+from torchfit.memory.step import Step
 
-__all__ = ["add_step_flags", "refuse_idle_flags"]
+__all__ = ["STEP_FLAGS", "add_cuda_flags", "add_step_flags", "refuse_idle_flags", "step_fields"]
+
+#: A `Step` field's kind -> (the reader of its flag's value, the value's metavar).
+_KINDS: dict[str, tuple[Any, str]] = {
+    "count": (values.count, "N"),
+    "whole": (values.whole, "N"),
+    "shape": (values.shape, "C,H,W"),
+    "precision": (values.precision_or_auto, "NAME"),
+    "dtype": (values.dtype, "DTYPE"),
+    "optimizer": (values.optimizer, "NAME"),
+    "names": (values.names, "NAMES"),
+    "fraction": (values.fraction, "P"),
+    "attention": (values.attention, "KIND"),
+    "bitsandbytes_version": (values.bitsandbytes_version, "X.Y.Z"),
+}
+
+#: The `Step` fields ``torchfit plan`` has a flag for -> the flag.
+STEP_FLAGS = {
+    f.name: f.metadata["flag"] for f in dataclasses.fields(Step) if f.metadata.get("flag")
+}
 
 
 def add_step_flags(plan: argparse.ArgumentParser) -> None:
-    """Flags for how the training loop runs and what the CUDA stack is."""
-    plan.add_argument(
-        "--precision",
-        default=None,
-        type=values.precision,
-        help="Lightning's names: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true "
-        "(with it, --dtype stays auto or names a quantized base: nf4, int8)",
-    )
-    plan.add_argument(
-        "--accumulate",
-        type=values.count,
-        default=1,
-        metavar="N",
-        help="gradient accumulation steps (--batch is one micro-batch); gradients stay alive",
-    )
-    plan.add_argument(
-        "--zero-grad-in-place",
-        dest="set_to_none",
-        action="store_false",
-        help="zero_grad(set_to_none=False): gradients stay allocated between steps",
-    )
-    plan.add_argument(
-        "--keep-output",
-        action="store_true",
-        help="the forward's output stays referenced through backward (outputs.loss.backward())",
-    )
-    plan.add_argument(
-        "--optimizer-in-backward",
-        action="store_true",
-        help="each parameter steps during backward and its gradient is freed (torchtune)",
-    )
+    """A flag for each `Step` field that has one (a switch for a boolean field)."""
+    for field in dataclasses.fields(Step):
+        flag = field.metadata.get("flag")
+        if flag is None:
+            continue
+        help_ = field.metadata["help"]
+        kind = field.metadata["kind"]
+        if kind:
+            read, metavar = _KINDS[kind]
+            plan.add_argument(
+                flag, dest=field.name, type=read, default=field.default, metavar=metavar,
+                help=help_,
+            )  # fmt: skip
+        elif field.default is None:  # a tri-state: unset means the step's own default
+            plan.add_argument(
+                flag, dest=field.name, action="store_const", const=False, default=None,
+                help=help_,
+            )  # fmt: skip
+        else:  # the flag turns a boolean away from its default
+            action = "store_false" if field.default else "store_true"
+            plan.add_argument(flag, dest=field.name, action=action, help=help_)
+
+
+def add_cuda_flags(plan: argparse.ArgumentParser) -> None:
+    """The CUDA stack the job runs: its version and a measured context."""
     plan.add_argument(
         "--cuda-version",
         default=None,
@@ -49,65 +70,17 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--context",
+        dest="context_bytes",
         default=None,
         type=values.context,
         metavar="SIZE",
         help="the CUDA context you measured, e.g. 420MiB, or 'measure' (on this machine's GPU)",
     )
-    plan.add_argument(
-        "--lora-rank",
-        type=values.count,
-        default=None,
-        metavar="R",
-        help="LoRA rank (PEFT's default 8)",
-    )
-    plan.add_argument(
-        "--lora-targets",
-        default=None,
-        type=values.names,
-        metavar="NAMES",
-        help="comma-separated Linears with adapters, e.g. q_proj,v_proj or all-linear "
-        "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
-    )
-    plan.add_argument(
-        "--bitsandbytes-version",
-        default=None,
-        type=values.bitsandbytes_version,
-        metavar="X.Y.Z",
-        help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
-    )
-    plan.add_argument(
-        "--no-double-quant",
-        dest="double_quant",
-        action="store_false",
-        help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
-    )
-    plan.add_argument(
-        "--base-dtype",
-        default=None,
-        type=values.dtype,
-        help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's); "
-        "with 4-bit weights, the dtype they were quantized from (fp16 for Lightning Fabric)",
-    )
-    plan.add_argument(
-        "--quantize-head",
-        action="store_true",
-        help="with --dtype nf4/int8: the output head quantized too (kept 16-bit by default)",
-    )
-    plan.add_argument(
-        "--loss-chunk",
-        type=values.count,
-        default=None,
-        metavar="N",
-        help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
-    )
-    plan.add_argument(
-        "--new-tokens",
-        type=values.count,
-        default=None,
-        metavar="N",
-        help="with --inference: generate N tokens after the --seq prompt (model.generate)",
-    )
+
+
+def step_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `Step` fields a parsed ``torchfit plan`` gives, by name."""
+    return {name: getattr(args, name) for name in STEP_FLAGS}
 
 
 _FOUR_BIT = frozenset({"nf4", "fp4", "int4"})

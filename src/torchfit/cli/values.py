@@ -27,12 +27,14 @@ __all__ = [
     "dtype_or_auto",
     "first_line",
     "flags_in",
+    "fraction",
     "gpu",
     "model_name",
     "names",
     "optimizer",
     "plot_path",
     "precision",
+    "precision_or_auto",
     "shape",
     "size",
     "context",
@@ -130,6 +132,21 @@ def _precision(text: str) -> object:
     return parse_precision_name(_text(text))
 
 
+def _precision_or_auto(text: str) -> object:
+    return text if text.strip().lower() == "auto" else _precision(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        msg = f"expected a fraction from 0 up to (not including) 1, e.g. 0.05; got {text!r}"
+        raise ValueError(msg)
+    return value
+
+
 def _cuda(text: str) -> object:
     from torchfit.memory.allocator.context import parse_cuda_version  # noqa: PLC0415
 
@@ -202,6 +219,8 @@ optimizer = _reader("optimizer", _optimizer, keep=True)
 attention = _reader("attention", _attention, keep=True)
 strategy = _reader("strategy", _strategy, keep=True)
 precision = _reader("precision", _precision, keep=True)
+precision_or_auto = _reader("precision", _precision_or_auto, keep=True)
+fraction = _reader("fraction", _fraction, keep=False)
 cuda_version = _reader("cuda_version", _cuda, keep=True)
 size = _reader("size", _size, keep=True)
 context = _reader("context", _context, keep=True)

@@ -377,6 +377,30 @@ class Step:
                 out[f.name] = value
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python values (for JSON).
+
+        A ``peft.LoraConfig`` is given by the fields that decide memory, an optimizer
+        factory by its repr.
+
+        Example:
+            >>> Step(batch_size=2, lora_targets=["q_proj"]).to_dict()["lora_targets"]
+            ['q_proj']
+        """
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, DType):
+                value = value.value
+            elif type(value).__name__ == "LoraConfig":
+                value = _lora_dict(value)
+            elif value is not None and not isinstance(value, (str, int, float, bool)):
+                value = repr(value)
+            out[f.name] = value
+        return out
+
     def __repr__(self) -> str:
         """``Step(...)`` with the fields that differ from the defaults."""
         inner = ", ".join(f"{k}={_short(v)}" for k, v in self.changed().items())
@@ -393,11 +417,23 @@ def _default_precision(step: Step) -> str:
     return (TrainingPrecision.BF16_MIXED if step.training else TrainingPrecision.BF16_TRUE).value
 
 
+#: The ``peft.LoraConfig`` fields a repr and ``to_dict`` show: those that decide memory.
+_LORA_FIELDS = ("r", "target_modules", "lora_dropout", "modules_to_save")
+
+
+def _lora_dict(config: Any) -> dict[str, Any]:
+    """A ``peft.LoraConfig``'s fields that decide memory, as plain values."""
+    out = {}
+    for name in _LORA_FIELDS:
+        value = getattr(config, name, None)
+        out[name] = sorted(value) if isinstance(value, (set, frozenset)) else value
+    return out
+
+
 def _short(value: Any) -> str:
     """A field's value for the repr: a ``peft.LoraConfig`` by what decides memory only."""
     if type(value).__name__ == "LoraConfig":
-        fields = ("r", "target_modules", "lora_dropout", "modules_to_save")
-        inner = ", ".join(f"{name}={getattr(value, name, None)!r}" for name in fields)
+        inner = ", ".join(f"{name}={getattr(value, name, None)!r}" for name in _LORA_FIELDS)
         return f"LoraConfig({inner}, ...)"
     return repr(value)
 

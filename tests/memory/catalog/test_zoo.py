@@ -95,8 +95,8 @@ def test_zoo_models_plan_like_any_model(libraries):
     assert est.notes[0] == "method: meta-device pass of Sequential"
     assert est.weights == 4 * count_parameters(small_net())
     plan = fits("torchvision/resnet50", "RTX 3060", batch_size=8)
-    assert plan.settings.input_shape == (3, 240, 240)
-    assert plan.fits and plan.max_batch_size > 8
+    assert plan.step.input_shape == (3, 240, 240)
+    assert plan.fits and plan.largest_batch > 8
 
 
 def test_an_unknown_zoo_model_lists_close_names(libraries):

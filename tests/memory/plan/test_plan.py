@@ -12,31 +12,31 @@ def test_gpt3_does_not_fit_one_a100_40gb_even_in_int8():
     plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8", seq_len=2048)
     assert not plan.fits
     assert plan.estimate.weights > 160 * 10**9  # 175B int8 weights alone exceed the card
-    assert plan.max_batch_size == 0
+    assert plan.largest_batch == 0
 
 
 def test_gpt2_in_4bit_fits_an_rtx_2070_super_with_room():
     plan = fits("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024)
     assert plan.fits
     assert plan.headroom > 0.75 * plan.budget
-    assert plan.max_batch_size >= 8
+    assert plan.largest_batch >= 8
 
 
 def test_verdict_agrees_with_headroom_and_max_batch():
     plan = fits("gpt2", "RTX 3060", batch_size=4, seq_len=512)
     assert plan.fits == (plan.headroom >= 0)
-    bigger = fits("gpt2", "RTX 3060", batch_size=plan.max_batch_size + 1, seq_len=512)
-    at_max = fits("gpt2", "RTX 3060", batch_size=plan.max_batch_size, seq_len=512)
+    bigger = fits("gpt2", "RTX 3060", batch_size=plan.largest_batch + 1, seq_len=512)
+    at_max = fits("gpt2", "RTX 3060", batch_size=plan.largest_batch, seq_len=512)
     assert at_max.fits
     assert not bigger.fits
 
 
-def test_max_seq_len_is_the_boundary():
+def test_longest_seq_is_the_boundary():
     plan = fits("llama-2-7b", "RTX 4090", mode="inference", dtype="nf4", seq_len=512)
-    assert plan.max_seq_len == 4096  # 4-bit 7B at batch 1 reaches the model's maximum
+    assert plan.longest_seq == 4096  # 4-bit 7B at batch 1 reaches the model's maximum
     tight = fits("llama-2-7b", "RTX 3060", mode="inference", dtype="bf16", seq_len=512)
     assert not tight.fits
-    assert tight.max_seq_len == 0
+    assert tight.longest_seq == 0
 
 
 def test_advice_is_re_estimated_and_ranked():
@@ -83,7 +83,7 @@ def test_plan_reads_as_a_report_and_serializes():
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["fits"] == plan.fits
     assert data["estimate"]["device_total"] == plan.estimate.device_total
-    assert data["settings"]["dtype"] == "fp16"  # T4 has no native bf16: auto picks fp16
+    assert data["settings"]["step"]["precision"] == "16-mixed"  # T4: no native bf16
 
 
 def test_context_and_reserved_are_included():
@@ -134,15 +134,17 @@ def test_sharding_advice_keeps_the_global_batch_on_the_fewest_gpus():
         assert advice.fits and match["was"] is None
         assert int(match["kept"]) == n * micro * steps == 16  # the global batch is kept
         cards = ["RTX 4090"] * n
-        again = fits(
-            "gpt2-large", cards, strategy=strategies[label], batch_size=micro, seq_len=1024
-        )
+        assert advice.changes["strategy"] == strategies[label]
+        assert advice.step.batch_size == micro
+        assert advice.step.gradient_accumulation_steps == steps
+        # the advice carries the step it was estimated with: planning it gives its figure
+        again = fits("gpt2-large", cards, advice.step, strategy=strategies[label])
         assert again.fits and again.estimate.device_needed == advice.device_needed
-        if steps > 1:  # accumulation only where the whole share would not fit
-            share = fits(
-                "gpt2-large", cards, strategy=strategies[label], batch_size=2 * micro, seq_len=1024
+        if steps > 1:  # accumulation only where the next larger micro-batch would not fit
+            larger = advice.step.replace(
+                batch_size=2 * micro, gradient_accumulation_steps=steps // 2
             )
-            assert not share.fits
+            assert not fits("gpt2-large", cards, larger, strategy=strategies[label]).fits
 
 
 def test_sharding_advice_says_when_the_global_batch_must_grow():
@@ -225,14 +227,14 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
         return 10**9 + 7_000_000 * batch + quadratic * 1000 * batch * batch
 
     def device_estimate(model, settings, card):
-        return MemoryEstimate(weights=held(settings.batch_size), device="cuda")
+        return MemoryEstimate(weights=held(settings.step.batch_size), device="cuda")
 
     monkeypatch.setattr(verdict, "_device_estimate", device_estimate)
     card = GPU.custom("lab card", memory="6GiB")
     plan = fits("gpt2", card, batch_size=1, seq_len=128)
     predicted = max_batch_size(lambda b: MemoryEstimate(weights=held(b)), card.memory, margin=0.0)
     brute = max(b for b in range(1, 10_000) if held(b) <= card.memory)
-    assert plan.max_batch_size == predicted == brute
+    assert plan.largest_batch == predicted == brute
 
 
 def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
@@ -260,13 +262,13 @@ def test_a_plan_repr_is_one_short_line_and_str_the_report():
     line = repr(plan)
     assert "\n" not in line and len(line) < 200
     assert line == (
-        "<Plan llama-2-13b, train, bf16, batch 1, seq 2048: DOES NOT FIT, "
+        "<Plan llama-2-13b, train, bf16-mixed, batch 1, seq 2048: DOES NOT FIT, "
         f"needs {format_bytes(plan.estimate.device_needed)} of 40.00 GiB "
         "on 8 x NVIDIA A100 40GB (fsdp, per rank)>"
     )
     assert len(str(plan)) > 1000 and "advice (each re-estimated):" in str(plan)
     fitting = fits("gpt2", "RTX 3060", seq_len=512)
-    assert repr(fitting).startswith("<Plan gpt2, train, bf16, batch 1, seq 512: FITS, ")
+    assert repr(fitting).startswith("<Plan gpt2, train, bf16-mixed, batch 1, seq 512: FITS, ")
     assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
     vision = fits("resnet50", "RTX 3060")
     assert ", input 3x224x224: " in repr(vision)

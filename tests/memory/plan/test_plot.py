@@ -33,10 +33,10 @@ def test_the_points_are_the_estimates_the_verdict_uses(model, gpu, kwargs):
     at_plan, at_largest, past = device_needs(
         model,
         plan,
-        [plan.settings.batch_size, max(plan.max_batch_size, 1), plan.max_batch_size + 1],
+        [plan.step.batch_size, max(plan.largest_batch, 1), plan.largest_batch + 1],
     )
     assert at_plan == plan.estimate.device_needed
-    assert (at_largest <= plan.budget) == (plan.max_batch_size > 0)
+    assert (at_largest <= plan.budget) == (plan.largest_batch > 0)
     assert past > plan.budget
 
 
@@ -65,7 +65,7 @@ def test_the_picture_states_the_answer():
     bottom, top = axes.get_ylim()
     assert bottom == 0
     assert "NVIDIA GeForce RTX 4090 (24.00 GiB)" in axes.get_title()
-    used = plan.max_batch_size
+    used = plan.largest_batch
     assert used > 0
     assert any(
         t.startswith(f"largest batch {used}: ") and t.endswith(" of 24.00 GiB") for t in texts
@@ -79,7 +79,7 @@ def test_the_picture_states_the_answer():
 
 def test_a_plan_where_nothing_fits_marks_batch_one():
     plan, _, texts = _drawn("llama-2-7b", "RTX 4090", dtype="nf4")
-    assert plan.max_batch_size == 0
+    assert plan.largest_batch == 0
     gib = plan.estimate.device_needed / GiB
     assert f"batch 1 does not fit: {gib:.2f} of 24.00 GiB" in texts
 

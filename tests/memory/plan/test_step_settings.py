@@ -17,7 +17,7 @@ def _plan(**kwargs):
 def test_precision_by_name_is_the_pure_16_bit_estimate():
     true16 = _plan(precision="bf16-true")
     mixed = _plan(precision="bf16-mixed")
-    assert true16.settings.precision == "bf16-true"
+    assert true16.step.precision == "bf16-true"
     # bf16-true keeps base and adapters in bf16; bf16-mixed over a frozen base keeps the
     # base as the checkpoint stores it (fp16 for Llama-2) and the adapters in fp32
     assert mixed.estimate.weights - true16.estimate.weights == 2 * LORA

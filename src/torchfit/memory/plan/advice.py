@@ -7,20 +7,19 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchfit._core.units import format_bytes
-from torchfit.memory.plan.settings import transformer_spec
+from torchfit._core.optimizers import parse_optimizer
+from torchfit._core.units import DType, format_bytes
+from torchfit.memory.plan.settings import Settings, transformer_spec
 from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.step import Step
 
 if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
-    from torchfit.memory.plan.settings import Settings
 
 __all__ = ["Advice", "advise", "lora_parameters"]
 
 _LORA_RANK = 16
 _SHARDS = (2, 4, 8, 16, 32, 64)
-#: Precisions under which a 16-bit training dtype means autocast (None: fits' default).
-_AUTOCAST = frozenset({None, "bf16-mixed", "16-mixed"})
 #: Data-parallel strategies the advice tries, cheapest communication first, with what
 #: each shards (`torchfit.memory.sharding`).
 _STRATEGIES = (
@@ -36,7 +35,7 @@ _STRATEGIES = (
 
 @dataclasses.dataclass(frozen=True)
 class Advice:
-    """One knob and what it buys.
+    """One knob and what it buys, with the step it was estimated with.
 
     Attributes:
         knob: What to change, in words (``"gradient checkpointing"``).
@@ -44,6 +43,10 @@ class Advice:
         saves: Bytes saved against the current plan.
         fits: Whether the card holds it with that change.
         detail: How to apply it, or the rule the figure assumes.
+        changes: What changed, by name: `Step` fields and `fits`' own arguments
+            (``strategy``, ``world_size``, ``param_dtype``, ``offload_optimizer``).
+        step: The changed `Step`; ``torchfit.fits(model, gpu, advice.step)`` plans it
+            (with the ``changes`` that are not step fields as keywords).
     """
 
     knob: str
@@ -51,10 +54,13 @@ class Advice:
     saves: int
     fits: bool
     detail: str = ""
+    changes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    step: Step | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values."""
-        return dataclasses.asdict(self)
+        """Plain Python values (the step's by `Step.to_dict`)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**data, "step": None if self.step is None else self.step.to_dict()}
 
     def __str__(self) -> str:
         """One line: verdict, knob, new total, saving, detail."""
@@ -62,6 +68,21 @@ class Advice:
         text = f"[{mark}] {self.knob}: {format_bytes(self.device_needed)}"
         text += f" (saves {format_bytes(self.saves)})"
         return f"{text}; {self.detail}" if self.detail else text
+
+
+@dataclasses.dataclass(frozen=True)
+class _Baseline:
+    """What each piece of advice is weighed against: the plan's settings, estimate, card."""
+
+    settings: Settings
+    current: MemoryEstimate
+    budget: int
+
+    def advice(self, knob: str, changes: dict[str, Any], needed: int, detail: str = "") -> Advice:
+        """An `Advice` for ``changes`` to the settings, which need ``needed`` bytes."""
+        step = self.settings.replace(**changes).step
+        saves = self.current.device_needed - needed
+        return Advice(knob, needed, saves, needed <= self.budget, detail, dict(changes), step)
 
 
 def lora_parameters(settings: Settings, rank: int = _LORA_RANK) -> int | None:
@@ -78,13 +99,17 @@ def lora_parameters(settings: Settings, rank: int = _LORA_RANK) -> int | None:
 
 
 def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], str]]:
-    training = settings.mode == "train"
+    step = settings.step
+    training = step.training
     options: list[tuple[str, dict[str, Any], str]] = []
-    half = "bf16" if card.bf16 else "fp16"
-    if settings.dtype in {"fp32", "tf32"}:
+    half = DType.BF16 if card.bf16 else DType.FP16
+    quantized = step.quantization is not None
+    if step.compute is DType.FP32 and not quantized:
         how = "torchfit.precision.MixedPrecision" if training else "model.to(torch.bfloat16)"
-        options.append((f"{half} mixed precision", {"dtype": half}, how))
-    if training and not settings.gradient_checkpointing and settings.seq_len is not None:
+        prefix = "bf16" if half is DType.BF16 else "16"
+        precision = f"{prefix}-mixed" if training else f"{prefix}-true"
+        options.append((f"{half.value} mixed precision", {"precision": precision}, how))
+    if training and not step.gradient_checkpointing and step.seq_len is not None:
         options.append(
             (
                 "gradient checkpointing",
@@ -94,23 +119,23 @@ def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], s
         )
     # FSDP under autocast: the 16-bit copies of each gathered layer's weights are saved for
     # backward, a whole 16-bit model per rank, which 16-bit gathers do not make
-    autocast = settings.dtype in {"bf16", "fp16"} and settings.precision in _AUTOCAST
+    autocast = step.mixed and step.compute.bits == 16 and not quantized
     if training and autocast and settings.strategy in {"fsdp", "hsdp"} and not settings.param_dtype:
-        how = f"{settings.dtype} gathers: autocast keeps no 16-bit weight copies for backward"
-        policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.dtype})"
-        options.append((policy, {"param_dtype": settings.dtype}, how))
-    if training and settings.optimizer in {"adam", "adamw"}:
+        compute = step.compute.value
+        how = f"{compute} gathers: autocast keeps no 16-bit weight copies for backward"
+        policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={compute})"
+        options.append((policy, {"param_dtype": compute}, how))
+    if training and _optimizer(step) in {"adam", "adamw"}:
         options.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, "bitsandbytes.optim.AdamW8bit"))
-    quantized = settings.dtype in {"int8", "int4", "nf4", "fp4"}
-    lora = lora_parameters(settings) if settings.seq_len is not None else None
-    if not training and not quantized and settings.seq_len is not None:
+    lora = lora_parameters(settings) if step.seq_len is not None else None
+    if not training and not quantized and step.seq_len is not None:
         options.append(
-            ("int8 weights", {"dtype": "int8"}, "torchfit.quantize.load_quantized(bits=8)")
+            ("int8 weights", {"quantization": "int8"}, "torchfit.quantize.load_quantized(bits=8)")
         )
         options.append(
-            ("NF4 weights", {"dtype": "nf4"}, "torchfit.quantize.load_quantized(bits=4)")
+            ("NF4 weights", {"quantization": "nf4"}, "torchfit.quantize.load_quantized(bits=4)")
         )
-    if training and lora and settings.trainable_params is None:
+    if training and lora and step.trainable_params is None and not step.wants_lora:
         options.append(
             (f"LoRA r={_LORA_RANK}", {"trainable_params": lora}, f"{lora:,} trainable parameters")
         )
@@ -118,15 +143,20 @@ def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], s
             options.append(
                 (
                     f"QLoRA (NF4 base, LoRA r={_LORA_RANK})",
-                    {"trainable_params": lora, "dtype": "nf4"},
+                    {"trainable_params": lora, "quantization": "nf4"},
                     "load_quantized(bits=4) + peft LoRA",
                 )
             )
-    if settings.seq_len and settings.seq_len >= 256:
-        options.append(
-            (f"sequence {settings.seq_len // 2}", {"seq_len": settings.seq_len // 2}, "")
-        )
+    if step.seq_len and step.seq_len >= 256:
+        options.append((f"sequence {step.seq_len // 2}", {"seq_len": step.seq_len // 2}, ""))
     return options
+
+
+def _optimizer(step: Step) -> str | None:
+    """The step's optimizer by name (None for a factory torchfit traces instead)."""
+    if callable(step.optimizer) and not isinstance(step.optimizer, str):
+        return None
+    return str(parse_optimizer(step.optimizer).value)
 
 
 def advise(
@@ -138,87 +168,77 @@ def advise(
     num_gpus: int,
 ) -> tuple[Advice, ...]:
     """Every applicable knob, re-estimated, sorted by bytes saved (largest first)."""
-    budget = card.total
+    base = _Baseline(settings, current, card.total)
     found: list[Advice] = []
     for knob, changes, detail in _changes(settings, card):
         try:
-            total = reestimate(changes).device_needed
+            needed = reestimate(changes).device_needed
         except ValueError:
             continue
-        found.append(Advice(knob, total, current.device_needed - total, total <= budget, detail))
-    found += _accumulation(reestimate, settings, current, budget)
-    if settings.mode == "train":
-        found += _sharding(reestimate, settings, current, budget, num_gpus)
+        found.append(base.advice(knob, changes, needed, detail))
+    if settings.step.training:
+        found += _accumulation(reestimate, base)
+        found += _sharding(reestimate, base, num_gpus)
     found = [a for a in found if a.saves > 0]
     return tuple(sorted(found, key=lambda a: (not a.fits, -a.saves)))
 
 
 def _accumulation(
-    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
-    settings: Settings,
-    current: MemoryEstimate,
-    budget: int,
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate], base: _Baseline
 ) -> list[Advice]:
-    if settings.mode != "train" or settings.batch_size <= 1:
+    step = base.settings.step
+    if step.batch_size <= 1:
         return []
-    micro = settings.batch_size // 2
+    micro = step.batch_size // 2
     while micro >= 1:
-        steps = math.ceil(settings.batch_size / micro)
+        steps = math.ceil(step.batch_size / micro)
         # re-estimated with the accumulation: the gradients live through the micro-batches
         changes = {
             "batch_size": micro,
-            "gradient_accumulation_steps": steps * settings.gradient_accumulation_steps,
+            "gradient_accumulation_steps": steps * step.gradient_accumulation_steps,
             "optimizer_in_backward": False,
         }
         try:
-            total = reestimate(changes).device_needed
+            needed = reestimate(changes).device_needed
         except ValueError:  # the estimator cannot model accumulation for this model
             return []
-        if total <= budget or micro == 1:
-            return [
-                Advice(
-                    f"batch {micro} x {steps} accumulation steps",
-                    total,
-                    current.device_needed - total,
-                    total <= budget,
-                    f"same effective batch ({micro * steps})",
-                )
-            ]
+        if needed <= base.budget or micro == 1:
+            knob = f"batch {micro} x {steps} accumulation steps"
+            return [base.advice(knob, changes, needed, f"same effective batch ({micro * steps})")]
         micro //= 2
     return []
 
 
 def _sharding(
-    reestimate: Callable[[dict[str, Any]], MemoryEstimate],
-    settings: Settings,
-    current: MemoryEstimate,
-    budget: int,
-    num_gpus: int,
+    reestimate: Callable[[dict[str, Any]], MemoryEstimate], base: _Baseline, num_gpus: int
 ) -> list[Advice]:
     """Per strategy: the fewest GPUs that hold the step with the global batch kept."""
     advice: list[Advice] = []
-    world = max(1, settings.world_size)
-    global_batch = settings.batch_size * world
+    step, budget = base.settings.step, base.budget
+    global_batch = step.batch_size * max(1, base.settings.world_size)
+    accumulated = step.gradient_accumulation_steps
     counts = [n for n in _SHARDS if n >= max(2, num_gpus)]
     for strategy, label, detail in _STRATEGIES:
         try:
-            found = _fewest_gpus(reestimate, strategy, counts, global_batch, budget)
+            found = _fewest_gpus(
+                reestimate, strategy, counts, global_batch, budget, accumulated=accumulated
+            )
         except ValueError:  # no transformer description: per-rank plans need one
-            return _offload(current, budget)
+            return _offload(base)
         if found is None:
             continue
-        n, micro, steps, total = found
+        n, micro, steps, needed = found
         kept = n * micro * steps
-        if kept != global_batch and current.device_needed <= budget:
+        if kept != global_batch and base.current.device_needed <= budget:
             continue  # it fits already: a bigger global batch is another run, not a saving
         knob = f"{label} on {n} GPUs at batch {micro} per GPU"
         knob += f", {steps} steps accumulated" if steps > 1 else ""
         knob += (
             f" (global {kept})" if kept == global_batch else f" (global {kept}, was {global_batch})"
         )
-        fits = total <= budget
-        advice.append(Advice(knob, total, current.device_needed - total, fits, detail))
-    return advice + _offload(current, budget)
+        changes = _sharded(strategy, n, micro, steps, accumulated)
+        advice.append(base.advice(knob, changes, needed, detail))
+    return advice + _offload(base)
 
 
 def _fewest_gpus(
@@ -227,8 +247,10 @@ def _fewest_gpus(
     counts: list[int],
     global_batch: int,
     budget: int,
+    *,
+    accumulated: int,
 ) -> tuple[int, int, int, int] | None:
-    """(GPUs, per-GPU micro-batch, accumulation steps, device total) for one strategy.
+    """(GPUs, per-GPU micro-batch, accumulation steps, device need) for one strategy.
 
     For N = 2, 4, ... the per-GPU share of the global batch is ``ceil(B / N)``; when
     it does not fit, it is halved with gradient accumulation making up the rest. The
@@ -240,26 +262,30 @@ def _fewest_gpus(
         share = math.ceil(global_batch / n)
         micro = share
         while micro >= 1:
-            change = {"strategy": strategy, "world_size": n, "batch_size": micro}
-            total = reestimate(change).device_needed
             steps = math.ceil(share / micro)
-            if total <= budget:
-                return n, micro, steps, total
-            last = (n, micro, steps, total)
+            needed = reestimate(_sharded(strategy, n, micro, steps, accumulated)).device_needed
+            if needed <= budget:
+                return n, micro, steps, needed
+            last = (n, micro, steps, needed)
             micro //= 2
     return last
 
 
-def _offload(current: MemoryEstimate, budget: int) -> list[Advice]:
-    if not current.optimizer:
+def _sharded(strategy: str, n: int, micro: int, steps: int, accumulated: int) -> dict[str, Any]:
+    """The changes of one sharded layout: its micro-batch, and accumulation if it needs it."""
+    changes: dict[str, Any] = {"strategy": strategy, "world_size": n, "batch_size": micro}
+    if steps > 1:  # the gradients live through the micro-batches
+        changes["gradient_accumulation_steps"] = steps * accumulated
+    return changes
+
+
+def _offload(base: _Baseline) -> list[Advice]:
+    """Optimizer state off the card: its bytes subtracted (no ZeRO-Offload estimate alone)."""
+    optimizer = base.current.optimizer
+    if not optimizer:
         return []
-    total = current.device_needed - current.optimizer
+    needed = base.current.device_needed - optimizer
+    detail = "ZeRO-Offload / FSDP CPUOffload; slower steps"
     return [
-        Advice(
-            "optimizer state offloaded to CPU",
-            total,
-            current.optimizer,
-            total <= budget,
-            "ZeRO-Offload / FSDP CPUOffload; slower steps",
-        )
+        base.advice("optimizer state offloaded to CPU", {"offload_optimizer": True}, needed, detail)
     ]

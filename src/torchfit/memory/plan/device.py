@@ -23,14 +23,14 @@ __all__ = ["NOT_MODELLED", "device_estimate", "workspace_note"]
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
     """The device estimate a plan judges: ``settings`` estimated, per rank, on ``card``."""
-    single = estimate(model, device="cuda", **settings.kwargs())
-    if settings.strategy is not None and settings.mode == "train":
+    single = estimate(model, settings.step)
+    if settings.strategy is not None and settings.step.training:
         single = per_rank(model, settings, single)
     placed = to_device(single, gpu=card, **settings.device())
     # the workspace's note goes before the device notes (cuBLAS's first), after the step's own
     kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0
     notes = (*placed.notes[:kept], *workspace_note(single, placed), *placed.notes[kept:])
-    if settings.mode == "train":
+    if settings.step.training:
         notes = (*notes, NOT_MODELLED)
     return placed.replace(notes=notes)
 

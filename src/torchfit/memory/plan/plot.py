@@ -9,7 +9,6 @@ stack it was given), so the picture and the verdict cannot disagree.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import unicodedata
 from collections.abc import Sequence
@@ -59,23 +58,23 @@ def device_needs(model: Any, plan: Plan, sizes: Sequence[int]) -> list[int]:
     from torchfit.memory.plan.device import device_estimate  # noqa: PLC0415
 
     return [
-        device_estimate(
-            model, dataclasses.replace(plan.settings, batch_size=size), plan.gpu
-        ).device_needed
+        device_estimate(model, plan.settings.replace(batch_size=size), plan.gpu).device_needed
         for size in sizes
     ]
 
 
 def title(plan: Plan) -> str:
     """What was planned (model, mode, numbers, sequence) and on which card, in two lines."""
-    s = plan.settings
-    numbers = s.dtype if s.precision is None else s.precision
-    what = f"{s.model}: {s.mode}, {numbers}"
-    what += f", seq {s.seq_len}" if s.seq_len else ""
-    what += ", gradient checkpointing" if s.gradient_checkpointing else ""
+    step = plan.step
+    numbers = step.precision
+    if step.quantization is not None:
+        numbers = f"{step.quantization} base, {numbers}"
+    what = f"{plan.settings.model}: {step.mode}, {numbers}"
+    what += f", seq {step.seq_len}" if step.seq_len else ""
+    what += ", gradient checkpointing" if step.gradient_checkpointing else ""
     cards = plan.gpu.name if plan.num_gpus == 1 else f"{plan.num_gpus} x {plan.gpu.name}"
-    if s.strategy is not None:
-        cards += f" ({s.strategy}, per GPU)"
+    if plan.settings.strategy is not None:
+        cards += f" ({plan.settings.strategy}, per GPU)"
     return f"{what}\non {cards} ({format_bytes(plan.budget)})"
 
 
@@ -84,14 +83,14 @@ def answer(plan: Plan, sizes: Sequence[int], totals: Sequence[int]) -> tuple[int
 
     Example:
         >>> from types import SimpleNamespace
-        >>> plan = SimpleNamespace(max_batch_size=2, budget=4 * 2**30)
+        >>> plan = SimpleNamespace(largest_batch=2, budget=4 * 2**30)
         >>> answer(plan, [1, 2, 3], [2**30, 3 * 2**30, 5 * 2**30])
         (2, 3221225472, 'largest batch 2: 3.00 of 4.00 GiB')
     """
     card = plan.budget / _GIB
-    batch = plan.max_batch_size or 1
+    batch = plan.largest_batch or 1
     used = totals[list(sizes).index(batch)]
-    if plan.max_batch_size:
+    if plan.largest_batch:
         return batch, used, f"largest batch {batch}: {used / _GIB:.2f} of {card:.2f} GiB"
     return batch, used, f"batch 1 does not fit: {used / _GIB:.2f} of {card:.2f} GiB"
 
@@ -112,7 +111,7 @@ def draw_plan(model: Any, plan: Plan) -> Any:
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    sizes = batch_sizes(plan.max_batch_size)
+    sizes = batch_sizes(plan.largest_batch)
     totals = device_needs(model, plan, sizes)
     card = plan.budget / _GIB
     top = max(max(totals) / _GIB, card) * 1.15

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torchfit._core.units import parse_dtype
+from torchfit.memory.step import Step
 
 __all__ = [
+    "STEP_FIELDS",
     "Settings",
     "config_of",
     "default_seq_len",
@@ -19,75 +20,65 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What was planned: the arguments of one estimate."""
+    """What a plan judges: the model, the `Step`, and where the step runs.
+
+    The step is described once, by its `Step`; the rest says how many cards it runs on,
+    how it is spread over them and what CUDA stack runs it.
+
+    Attributes:
+        model: The model's name (or its class name).
+        step: The planned step (its precision made concrete for the card).
+        world_size: Cards the step runs on.
+        strategy: ``"ddp"``, ``"zero1"``, ``"zero2"``, ``"fsdp"``, ``"hsdp"`` or None.
+        offload_optimizer: Optimizer state and its step on the CPU.
+        offload_params: Parameter and gradient shards on the CPU too.
+        param_dtype: FSDP2's ``MixedPrecisionPolicy(param_dtype=...)``.
+        gpus_per_node: GPUs per node (HSDP, host memory).
+        cuda_version: The job's CUDA version (the context size depends on it).
+        context_bytes: A measured CUDA context, instead of the model's.
+    """
 
     model: str
-    mode: str
-    dtype: str
-    batch_size: int
-    seq_len: int | None
-    input_shape: tuple[int, ...] | None
-    optimizer: str
-    gradient_checkpointing: bool
-    attn_implementation: str
-    trainable_params: int | None = None
-    strategy: str | None = None
+    step: Step
     world_size: int = 1
+    strategy: str | None = None
     offload_optimizer: bool = False
     offload_params: bool = False
     param_dtype: str | None = None
     gpus_per_node: int | None = None
-    precision: str | None = None
-    gradient_accumulation_steps: int = 1
-    set_to_none: bool = True
-    keep_output: bool = False
-    optimizer_in_backward: bool = False
     cuda_version: str | None = None
     context_bytes: int | None = None
-    loss_chunk_size: int | None = None
-    max_new_tokens: int | None = None
-    lora_rank: int | None = None
-    lora_targets: tuple[str, ...] | None = None
-    lora_dropout: float | None = None
-    bitsandbytes_version: str | None = None
-    double_quant: bool = True
-    quantize_head: bool = False
-    base_dtype: str | None = None
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes``: `Step` fields go to the step, the others here.
+
+        Example:
+            >>> s = Settings("gpt2", Step(batch_size=8, precision="bf16-mixed"))
+            >>> s.replace(batch_size=4, strategy="ddp", world_size=2).step.batch_size
+            4
+        """
+        own = {k: v for k, v in changes.items() if k not in STEP_FIELDS}
+        step = {k: v for k, v in changes.items() if k in STEP_FIELDS}
+        changed = dataclasses.replace(self, **own)
+        return dataclasses.replace(changed, step=self.step.replace(**step)) if step else changed
+
+    @property
+    def weights(self) -> str:
+        """The weights' format: the 4/8-bit base, else the compute dtype (``"bf16"``)."""
+        return str(self.step.numerics.weights.value)
 
     def device(self) -> dict[str, Any]:
         """The keyword arguments of `to_device` these settings stand for."""
         return {"cuda_version": self.cuda_version, "context_bytes": self.context_bytes}
 
-    def kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of `estimate` these settings stand for."""
-        return {
-            "precision": self.precision,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "set_to_none": self.set_to_none,
-            "keep_output": self.keep_output,
-            "optimizer_in_backward": self.optimizer_in_backward,
-            "loss_chunk_size": self.loss_chunk_size,
-            "max_new_tokens": self.max_new_tokens,
-            "lora_rank": self.lora_rank,
-            "lora_targets": self.lora_targets,
-            "lora_dropout": self.lora_dropout,
-            "bitsandbytes_version": self.bitsandbytes_version,
-            "double_quant": self.double_quant,
-            "quantize_head": self.quantize_head,
-            "base_dtype": self.base_dtype,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "input_shape": self.input_shape,
-            # with a precision, a float dtype is the one it computes in: precision says it
-            "dtype": None
-            if self.precision and not parse_dtype(self.dtype).is_quantized
-            else self.dtype,
-            "mode": self.mode,
-            "optimizer": None if self.optimizer == "none" else self.optimizer,
-            "gradient_checkpointing": self.gradient_checkpointing,
-            "attn_implementation": self.attn_implementation,
-            "trainable_params": self.trainable_params,
-        }
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values (the step's by `Step.to_dict`)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**data, "step": self.step.to_dict()}
+
+
+#: The names `Settings.replace` hands to the step.
+STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(Step))
 
 
 def config_of(model: Any) -> Any:
@@ -123,10 +114,10 @@ def default_seq_len(model: Any, settings: Settings) -> Settings:
             raise ValueError(
                 "an nn.Module needs input_shape=(...) of one sample, e.g. (3, 224, 224)"
             )
-        return dataclasses.replace(settings, input_shape=resolved.input_shape)
+        return settings.replace(input_shape=resolved.input_shape)
     if is_vision(config):
-        return dataclasses.replace(settings, input_shape=vision_input_shape(config))
-    return dataclasses.replace(settings, seq_len=default_sequence(config)[0])
+        return settings.replace(input_shape=vision_input_shape(config))
+    return settings.replace(seq_len=default_sequence(config)[0])
 
 
 def default_sequence(config: Any) -> tuple[int, str]:
@@ -153,4 +144,4 @@ def max_positions(model: Any, settings: Settings) -> int:
 
     config = config_of(model)
     limit = None if config is None else sequence_limit(config)
-    return limit or settings.seq_len or 1
+    return limit or settings.step.seq_len or 1

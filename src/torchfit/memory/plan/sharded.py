@@ -43,16 +43,16 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         raise ValueError("strategy= needs a transformers config or a catalog name")
     # the start of backward as its own moment: activations alive, no gradients yet
     # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
-    frozen = adapters_only(settings.trainable_params, spec.num_params)
-    kwargs = {**settings.kwargs(), "trainable_params": 1, "frozen_base": frozen}
-    start = estimate(model, device="cuda", **kwargs)
+    step = settings.step
+    frozen = adapters_only(step.trainable_params, spec.num_params)
+    start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
     sharded = shard_estimate(
         single,
         strategy=settings.strategy,
         backward_start=start,
         world_size=settings.world_size,
-        params=settings.trainable_params or spec.num_params,
+        params=step.trainable_params or spec.num_params,
         largest_layer_params=max(block, spec.embedding_params, spec.head_params),
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
@@ -73,7 +73,7 @@ def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
 
     copies = model_state_bytes(
         params=spec.num_params,
-        dtype=settings.dtype,
+        dtype=settings.step.compute,
         mixed_precision=True,
         autocast_params=spec.autocast_params,
     ).autocast_copies
