@@ -12,7 +12,7 @@ from transformers.training_args import OptimizerNames
 
 from torchfit import Step, estimate
 from torchfit._core.optimizers import optimizer_name_of, parse_optimizer
-from torchfit.memory.step_from import (
+from torchfit.memory.step import (
     LIGHTNING_ALIASES,
     TRANSFORMERS_OPTIMIZERS,
     NotModelledWarning,
@@ -358,7 +358,7 @@ def test_step_fields_warn_each_note_once():
 
 def test_reading_needs_neither_transformers_nor_lightning_imported():
     code = (
-        "import sys, torchfit.memory.step_from\n"
+        "import sys, torchfit.memory.step\n"
         "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning') "
         "if m in sys.modules))"
     )
@@ -367,3 +367,44 @@ def test_reading_needs_neither_transformers_nor_lightning_imported():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# -- the constructors on Step -----------------------------------------------------------------
+
+
+def test_step_from_training_arguments_builds_the_step_and_warns_at_the_caller(tmp_path):
+    args = _args(
+        tmp_path,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        bf16=True,
+        gradient_checkpointing=True,
+        optim="paged_adamw_8bit",
+        torch_compile=True,
+    )
+    with pytest.warns(NotModelledWarning, match="torch_compile") as caught:
+        step = Step.from_training_arguments(args, seq_len=512)
+    assert [w.filename for w in caught] == [__file__]  # points at this line, not torchfit
+    expected = Step(
+        batch_size=4,
+        seq_len=512,
+        gradient_accumulation_steps=2,
+        precision="bf16-mixed",
+        gradient_checkpointing=True,
+        optimizer="paged-adamw-8bit",
+    )
+    assert step == expected
+
+
+def test_step_from_training_arguments_refuses_a_contradicting_field(tmp_path):
+    with pytest.raises(ValueError, match="precision='32-true'.*bf16=True"):
+        Step.from_training_arguments(_args(tmp_path, bf16=True), precision="32-true")
+
+
+def test_step_from_lightning_reads_the_trainer_and_plans_on_a_card(trainer):
+    from torchfit import fits
+
+    step = Step.from_lightning(trainer, batch_size=2, seq_len=256)
+    assert (step.precision, step.gradient_accumulation_steps) == ("bf16-mixed", 4)
+    plan = fits(_llama(), "RTX 3060", step)
+    assert plan.step == step  # planned as read: nothing re-chosen for the card

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchfit.memory.step_from.fields import StepFields
+from torchfit.memory.step.fields import StepFields
 
 __all__ = ["TRANSFORMERS_OPTIMIZERS", "training_arguments_fields"]
 
@@ -162,7 +162,7 @@ def training_arguments_fields(args: Any) -> StepFields:
     (evaluation only), ``tf32`` (matmul precision, not sizes), ``torch_empty_cache_steps``
     (empties the cache between steps; the step's peak is the same),
     ``optim_target_modules`` (GaLore and APOLLO only, which have no model here),
-    ``use_cpu`` (the device is never read: see `torchfit.memory.step_from`),
+    ``use_cpu`` (the device is never read: see `torchfit.memory.step`),
     ``use_cache`` (not used by training forwards) and ``neftune_noise_alpha`` (one
     embeddings-sized temporary in the forward, integrations/neftune.py).
 

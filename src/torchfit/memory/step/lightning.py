@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchfit._core.step import parse_precision_name
-from torchfit.memory.step_from.fields import StepFields
+from torchfit.memory.step.fields import StepFields
 
 __all__ = ["LIGHTNING_ALIASES", "lightning_fields"]
 
