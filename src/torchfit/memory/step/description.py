@@ -350,7 +350,7 @@ class Step:
         Example:
             >>> from transformers import TrainingArguments
             >>> args = TrainingArguments("out", per_device_train_batch_size=4, bf16=True,
-            ...                          gradient_checkpointing=True, use_cpu=True, report_to=[])
+            ...                          activation_checkpointing=True, use_cpu=True, report_to=[])
             >>> step = Step.from_training_arguments(args, seq_len=2048)
             >>> step.batch_size, step.precision, step.gradient_checkpointing
             (4, 'bf16-mixed', True)
