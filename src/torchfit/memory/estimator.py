@@ -43,6 +43,7 @@ from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.modules.quantized import quantized_meta_pass
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import AUTO, Step
+from torchfit.memory.step.entry import given_step
 
 __all__ = ["estimate"]
 
@@ -83,7 +84,7 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
         >>> print(estimate("t5-small", batch_size=8, seq_len=512).notes[0])  # doctest: +ELLIPSIS
         method: meta-device pass of T5ForConditionalGeneration built from its config (no ...
     """
-    step = Step.given(step, keywords, where="estimate(model, step)")
+    step = given_step(step, keywords, where="estimate(model, step)")
     if step.precision == AUTO:
         step._precision()  # noqa: SLF001 - raises: estimate has no card to choose for
     return _estimate(model, step)

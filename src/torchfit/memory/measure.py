@@ -38,6 +38,7 @@ from torchfit._core.step import (
 )
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.units import format_bytes
+from torchfit.memory.step.run import run_keywords
 
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 
@@ -299,6 +300,7 @@ def measure_step(
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    step: Any = None,
 ) -> Measurement[None]:
     """Measure the real steady-state peak of one step, leaving ``model`` untouched.
 
@@ -324,6 +326,8 @@ def measure_step(
         gradient_accumulation_steps: Micro-batches per optimizer step, as in `trace`.
         keep_output: Keep the output referenced through backward, as in `trace`.
         optimizer_in_backward: Step each parameter during backward, as in `trace`.
+        step: Or the loop as a `torchfit.Step`, as `trace` takes it; its ``device`` must
+            be the model's (the step runs where the model is).
 
     Returns:
         The `Measurement` of the measured step; ``tracked`` covers the copied model, its
@@ -335,6 +339,23 @@ def measure_step(
         >>> m.peak > live_bytes(net)
         True
     """
+    if step is not None:
+        loop_keywords = {
+            "mode": mode,
+            "optimizer": optimizer,
+            "precision": precision,
+            "autocast_dtype": autocast_dtype,
+            "set_to_none": set_to_none,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "keep_output": keep_output,
+            "optimizer_in_backward": optimizer_in_backward,
+        }
+        if device is not None:
+            loop_keywords["device"] = device
+        where = "measure_step(model, inputs, step=)"
+        run = run_keywords(step, model, example_inputs, loop_keywords, where=where)
+        _check_step_device(model, run["device"], where=where)
+        return measure_step(model, example_inputs, loss_fn=loss_fn, **run)
     step_mode = parse_mode(mode)
     cast, autocast_dtype = precision_dtypes(precision, autocast_dtype)
     loop = Loop(
@@ -378,3 +399,15 @@ def measure_step(
         gc.collect()
         tracked = (work, getattr(step_opt, "optimizers", step_opt), example_inputs)
         return measure_peak(step, track=tracked, device=device)
+
+
+def _check_step_device(model: nn.Module, device: str, *, where: str) -> None:
+    """A `Step`'s device is where the model's parameters are (where a measured step runs)."""
+    param = next(iter(model.parameters()), None)
+    actual = None if param is None else param.device.type
+    if actual is not None and actual != device:
+        raise ValueError(
+            f"{where}: Step(device={device!r}) but the model is on {actual!r}: a measured "
+            f"step runs where the model is; pass step.replace(device={actual!r}) or move "
+            "the model"
+        )

@@ -30,6 +30,7 @@ from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 from torchfit.memory.step import AUTO, Step
+from torchfit.memory.step.entry import given_step
 
 __all__ = ["Plan", "fits"]
 
@@ -161,7 +162,7 @@ def _step_of(step: Step | None, keywords: dict[str, Any], card: GPU) -> Step:
             keywords.setdefault("precision", AUTO)
         elif "precision" not in keywords and _is_quantized(dtype):
             keywords["precision"] = AUTO
-    chosen = Step.given(step, keywords, where="fits(model, gpu, step)")
+    chosen = given_step(step, keywords, where="fits(model, gpu, step)")
     if chosen.device != "cuda":
         raise ValueError(
             f"fits() plans a step on a CUDA card; got Step(device={chosen.device!r}): "

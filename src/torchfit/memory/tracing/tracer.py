@@ -42,6 +42,8 @@ from torchfit._core.step import (
 )
 from torchfit._core.tensors import check_materialized
 from torchfit.memory.result import MemoryEstimate
+from torchfit.memory.step import Step
+from torchfit.memory.step.run import run_keywords
 from torchfit.memory.tracing.fake import reachable_tensors
 from torchfit.memory.tracing.result import Trace
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
@@ -249,6 +251,7 @@ def trace(
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    step: Step | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one step by running it on fake tensors.
 
@@ -294,6 +297,11 @@ def trace(
         optimizer_in_backward: Step each parameter from its post-accumulate-grad hook and
             free its gradient there, as torchtune's ``optimizer_in_bwd`` does (one
             optimizer per parameter, of the optimizer's class and settings).
+        step: Or the loop as a `torchfit.Step` (mode, optimizer, precision, zero_grad,
+            accumulation, output kept, optimizer in backward, and its ``device``), instead
+            of those keywords. Its fields that describe the model (LoRA, a 4/8-bit base,
+            ...) are refused: the model is already built; its batch, when set, must be the
+            inputs'.
 
     Returns:
         A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
@@ -317,6 +325,21 @@ def trace(
         >>> est.device, est.total > 3 * est.weights
         ('cpu', True)
     """
+    if step is not None:
+        loop = {
+            "mode": mode,
+            "optimizer": optimizer,
+            "precision": precision,
+            "autocast_dtype": autocast_dtype,
+            "set_to_none": set_to_none,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "keep_output": keep_output,
+            "optimizer_in_backward": optimizer_in_backward,
+        }
+        if device != "cpu":
+            loop["device"] = device
+        run = run_keywords(step, model, example_inputs, loop, where="trace(model, inputs, step=)")
+        return trace(model, example_inputs, loss_fn=loss_fn, progress=progress, gpu=gpu, **run)
     result = trace_events(
         model,
         example_inputs,

@@ -1,15 +1,10 @@
 # ruff: noqa: RUF009 - _field is dataclasses.field with the flag and help as metadata
-"""`Step`: one training or inference step, described once.
-
-`estimate` takes it (its keywords build one); the fields carry the ``torchfit plan``
-flag and help that set them. A `Step` is frozen and checked where it is made, so a
-contradiction fails with its fix before any model is read.
+"""`Step`: one training or inference step, described once, checked where it is made.
 
 Precision has one vocabulary, Lightning's (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``,
-``"bf16-true"``, ``"16-true"``), plus ``quantization`` for a 4/8-bit bitsandbytes base
-and ``base_dtype`` for the dtype a frozen or quantized base is held or quantized in. The
-keyword spellings of `estimate` (``dtype=``, ``mixed_precision=``, a
-``BitsAndBytesConfig`` as ``quantization=``) are turned into these by `Step.of`.
+``"bf16-true"``, ``"16-true"``), plus ``quantization`` for a 4/8-bit base and
+``base_dtype`` for the dtype a frozen or quantized base is held or quantized in. Each
+field carries the ``torchfit plan`` flag and help that set it.
 """
 
 from __future__ import annotations
@@ -26,15 +21,16 @@ from torchfit._core.step import (
     TrainingPrecision,
     parse_mode,
     parse_precision_name,
-    resolve_numerics,
 )
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.knobs import ESTIMATE_RULES, check_step, quantization_of, with_compute
+from torchfit.memory.knobs import ESTIMATE_RULES, check_step
+from torchfit.memory.step.fields import merge_fields
+from torchfit.memory.step.lightning import lightning_fields
+from torchfit.memory.step.plain import plain, short
+from torchfit.memory.step.spellings import AUTO, read_spellings
+from torchfit.memory.step.training_arguments import training_arguments_fields
 
-__all__ = ["AUTO", "Step"]
-
-#: ``precision="auto"``: the card's 16-bit precision, chosen where a card is known (`fits`).
-AUTO = "auto"
+__all__ = ["AUTO", "FIELD_NAMES", "Step"]
 
 
 def _field(*, default: Any, help: str, flag: str | None = None, kind: str = "") -> Any:  # noqa: A002
@@ -219,7 +215,7 @@ class Step:
                 f"{type(self.quantization).__name__}: pass a BitsAndBytesConfig as "
                 "Step.from_peft(quantization=config, ...) or Step.of(quantization=config, ...)"
             )
-        checks.fields(self, **{k: v for k, v in ESTIMATE_RULES.items() if k in _NAMES})
+        checks.fields(self, **{k: v for k, v in ESTIMATE_RULES.items() if k in FIELD_NAMES})
         set_ = object.__setattr__
         set_(self, "mode", parse_mode(self.mode).value)
         if self.device not in self._DEVICES:
@@ -323,29 +319,7 @@ class Step:
             TypeError: an unknown keyword (the message lists the close ones).
             ValueError: two spellings that contradict each other.
         """
-        return cls(**_step_keywords(keywords))
-
-    @classmethod
-    def given(cls, step: Any, keywords: dict[str, Any], *, where: str) -> Step:
-        """The step an entry point was given: a `Step`, or keywords that make one.
-
-        Raises:
-            TypeError: both, or something else than a `Step` where one goes.
-        """
-        if step is None:
-            return cls.of(**keywords)
-        if not isinstance(step, Step):
-            raise TypeError(
-                f"{where}: the step must be a torchfit.Step; got {type(step).__name__} "
-                f"{step!r}: pass the step's settings by name (batch_size=...) or as Step(...)"
-            )
-        if keywords:
-            names = ", ".join(f"{k}=" for k in keywords)
-            raise TypeError(
-                f"{where}: a Step and step keywords ({names}) together; change the step "
-                f"instead: step.replace({names.replace('=', '=...')})"
-            )
-        return step
+        return cls(**read_spellings(keywords, FIELD_NAMES))
 
     @classmethod
     def from_peft(cls, lora: Any = None, quantization: Any = None, **fields: Any) -> Step:
@@ -364,6 +338,43 @@ class Step:
             ('nf4', 'bf16-mixed')
         """
         return cls.of(lora=lora, quantization=quantization, **fields)
+
+    @classmethod
+    def from_training_arguments(cls, args: Any, **fields: Any) -> Step:
+        """A `Step` from a ``transformers.TrainingArguments``; ``fields`` give the rest.
+
+        Read: the per-device batch, accumulation, bf16/fp16, ``optim``, checkpointing.
+        A setting not modelled (``torch_compile``) warns (`NotModelledWarning`); a field
+        in ``fields`` that contradicts ``args`` is a ValueError.
+
+        Example:
+            >>> from transformers import TrainingArguments
+            >>> args = TrainingArguments("out", per_device_train_batch_size=4, bf16=True,
+            ...                          activation_checkpointing=True, use_cpu=True, report_to=[])
+            >>> step = Step.from_training_arguments(args, seq_len=2048)
+            >>> step.batch_size, step.precision, step.gradient_checkpointing
+            (4, 'bf16-mixed', True)
+        """
+        read = training_arguments_fields(args)
+        step = cls.of(**merge_fields(read, fields))
+        read.warn(stacklevel=2)
+        return step
+
+    @classmethod
+    def from_lightning(cls, trainer_or_precision: Any, **fields: Any) -> Step:
+        """A `Step` from a Lightning ``Trainer`` (or its ``precision=`` value).
+
+        Read: the precision (legacy spellings such as ``16`` or ``"bf16"`` as Lightning
+        reads them; a bitsandbytes plugin's 4/8-bit base) and ``accumulate_grad_batches``.
+
+        Example:
+            >>> Step.from_lightning("bf16", batch_size=8, seq_len=1024).precision
+            'bf16-mixed'
+        """
+        read = lightning_fields(trainer_or_precision)
+        step = cls.of(**merge_fields(read, fields))
+        read.warn(stacklevel=2)
+        return step
 
     def changed(self) -> dict[str, Any]:
         """The fields that differ from the defaults (what a short repr shows)."""
@@ -387,27 +398,16 @@ class Step:
             >>> Step(batch_size=2, lora_targets=["q_proj"]).to_dict()["lora_targets"]
             ['q_proj']
         """
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, DType):
-                value = value.value
-            elif type(value).__name__ == "LoraConfig":
-                value = _lora_dict(value)
-            elif value is not None and not isinstance(value, (str, int, float, bool)):
-                value = repr(value)
-            out[f.name] = value
-        return out
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def __repr__(self) -> str:
         """``Step(...)`` with the fields that differ from the defaults."""
-        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.changed().items())
+        inner = ", ".join(f"{k}={short(v)}" for k, v in self.changed().items())
         return f"Step({inner})"
 
 
-_NAMES = frozenset(f.name for f in dataclasses.fields(Step))
+#: The names of `Step`'s fields.
+FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Step))
 
 
 def _default_precision(step: Step) -> str:
@@ -415,101 +415,3 @@ def _default_precision(step: Step) -> str:
     if step.quantization is None:
         return TrainingPrecision.FP32.value
     return (TrainingPrecision.BF16_MIXED if step.training else TrainingPrecision.BF16_TRUE).value
-
-
-#: The ``peft.LoraConfig`` fields a repr and ``to_dict`` show: those that decide memory.
-_LORA_FIELDS = ("r", "target_modules", "lora_dropout", "modules_to_save")
-
-
-def _lora_dict(config: Any) -> dict[str, Any]:
-    """A ``peft.LoraConfig``'s fields that decide memory, as plain values."""
-    out = {}
-    for name in _LORA_FIELDS:
-        value = getattr(config, name, None)
-        out[name] = sorted(value) if isinstance(value, (set, frozenset)) else value
-    return out
-
-
-def _short(value: Any) -> str:
-    """A field's value for the repr: a ``peft.LoraConfig`` by what decides memory only."""
-    if type(value).__name__ == "LoraConfig":
-        inner = ", ".join(f"{name}={getattr(value, name, None)!r}" for name in _LORA_FIELDS)
-        return f"LoraConfig({inner}, ...)"
-    return repr(value)
-
-
-#: Precision names by compute dtype (Lightning's): the prefix before ``-mixed``/``-true``.
-_PREFIX = {DType.FP32: "32", DType.FP16: "16", DType.BF16: "bf16"}
-
-
-def _step_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-    """`Step`'s fields from `estimate`'s keywords, older spellings read.
-
-    ``dtype``, ``mixed_precision`` and a ``BitsAndBytesConfig`` in ``quantization``
-    become ``precision`` and ``quantization``.
-
-    A float ``dtype`` without ``precision`` is the compute dtype: 16-bit training runs
-    under autocast with fp32 master weights (``"bf16-mixed"``) unless
-    ``mixed_precision=False``; inference holds the model in it (``"bf16-true"``).
-
-    Raises:
-        TypeError: an unknown keyword.
-        ValueError: spellings that contradict each other (`resolve_numerics`).
-
-    Example:
-        >>> _step_keywords({"dtype": "fp16", "batch_size": 2})["precision"]
-        '16-mixed'
-        >>> _step_keywords({"dtype": "nf4", "mode": "inference"})["quantization"]
-        'nf4'
-    """
-    names = {f.name for f in dataclasses.fields(Step)}
-    unknown = sorted(set(keywords) - names - {"dtype", "mixed_precision"})
-    if unknown:
-        raise TypeError(
-            f"unknown step keyword {unknown[0]!r}; expected a field of torchfit.Step "
-            f"({', '.join(sorted(names))}), dtype or mixed_precision"
-        )
-    fields = dict(keywords)
-    dtype = fields.pop("dtype", None)
-    mixed = fields.pop("mixed_precision", None)
-    quantization = fields.pop("quantization", None)
-    precision = fields.get("precision")
-    if isinstance(quantization, (str, DType)):
-        if dtype is not None:
-            raise ValueError(
-                f"quantization={quantization!r} and dtype={dtype!r} both name the weights; "
-                "pass quantization= alone (precision= names the compute)"
-            )
-        dtype, quantization = quantization, None
-    dtype, double_quant, head, bnb_compute = quantization_of(
-        quantization,
-        dtype=dtype,
-        double_quant=fields.get("double_quant"),
-        quantize_head=fields.get("quantize_head", False),
-    )
-    fields["double_quant"], fields["quantize_head"] = double_quant, head
-    if precision == AUTO:  # the card decides; dtype may only name a quantized base
-        fmt = None if dtype is None or str(dtype) == AUTO else parse_dtype(dtype)
-        if fmt is not None and not fmt.is_quantized:
-            raise ValueError(
-                f"precision='auto' picks the card's 16-bit precision, and dtype={fmt.value!r} "
-                "would name another; pass precision= a name ('bf16-mixed') or leave dtype out"
-            )
-        fields["quantization"] = None if fmt is None else fmt.value
-        return fields
-    numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed)
-    numerics = with_compute(numerics, bnb_compute, precision=precision)
-    quantized = numerics.weights.is_quantized
-    fields["quantization"] = numerics.weights.value if quantized else None
-    if precision is None:
-        training = parse_mode(fields.get("mode", "train")) is Mode.TRAIN
-        autocast = numerics.mixed
-        if autocast is None:
-            autocast = training and numerics.compute.bits == 16
-        if numerics.compute not in _PREFIX:
-            raise ValueError(
-                f"dtype={numerics.compute.value!r} has no precision of its own; expected fp32, "
-                "bf16 or fp16 (precision='32-true', 'bf16-mixed', 'bf16-true', ...)"
-            )
-        fields["precision"] = f"{_PREFIX[numerics.compute]}-{'mixed' if autocast else 'true'}"
-    return fields
