@@ -315,5 +315,5 @@ def test_longest_fitting_takes_few_estimates():
         return 9 * 2**30 + n * 2_600_000  # the 8B QLoRA's slope: about 2.5 MiB a token
 
     found = published_longest.longest_fitting(needed, 24 * 2**30, start=5789, limit=131_072)
-    assert needed(found) <= 24 * 2**30 < needed(found + 30)
-    assert len(calls) <= 8
+    assert len(calls) <= 6
+    assert needed(found) <= 24 * 2**30 < needed(found + 30)  # within 0.5% of the longest
