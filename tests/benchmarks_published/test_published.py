@@ -287,7 +287,7 @@ def test_a_maximum_context_row_reports_the_longest_length_that_fits(monkeypatch)
     assert (none.verdict, none.longest) == ("oom", 0)
     text = published.report([row, none], LOADED.sources)
     assert "| unsloth_hf_l31_8b_24gb_fits | 24 GB VRAM (card not named) | 5,789 | 14 |" in text
-    assert "- `unsloth_context_length`: The loss of the transformers of December 2024" in text
+    assert "- `unsloth_context_length`: The Unsloth column" in text
 
 
 @pytest.mark.parametrize(
