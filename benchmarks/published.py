@@ -2,11 +2,14 @@
 
 Every run of ``benchmarks/published_runs.toml`` (a figure or a fits / OOM verdict, with
 its citation and setup; read by ``published_data.py``) is turned into the torchfit call
-that describes the same run, and the matching quantity is compared: nvidia-smi with
-``device_total``, ``max_memory_allocated`` and ``active_bytes.all.peak`` with ``total``,
-``max_memory_reserved`` with ``reserved``; a verdict with whether ``device_total`` fits
-the card. A setup torchfit cannot express yet is listed with the reason, never
-approximated silently. Ambiguous cases and the held-out set are reported apart.
+that describes the same run, its source's recipe stated in the data file, and the matching
+quantity is compared: nvidia-smi with ``device_total``, ``max_memory_allocated`` and
+``active_bytes.all.peak`` with ``total``, ``max_memory_reserved`` with ``reserved``; a
+verdict with whether ``device_needed`` (the OOM line `fits` decides on) fits the card, and
+a maximum-context row (``longest``) with the longest sequence whose ``device_needed``
+fits (``published_longest.py``). A setup torchfit cannot express yet is listed with the
+reason, never approximated silently; what a source's recipe has that torchfit does not
+model is listed by source. Ambiguous cases and the held-out set are reported apart.
 
 Run: python benchmarks/published.py            (markdown tables, about a minute)
      python benchmarks/published.py --heldout  (the held-out set only)
@@ -22,14 +25,15 @@ import re
 import statistics
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from published_data import Case, load
+from published_data import Case, Source, load
+from published_longest import longest_fitting, longest_table
 from published_models import adam_of, rasbt_step, torchvision_vit_l_16
 
 from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, to_device
@@ -50,6 +54,20 @@ CARDS = {
 }
 #: Allocator statistics barely depend on the card; where none is named, this one is used.
 DEFAULT_CARD = "A100 80GB"
+#: "N GB VRAM (card not named)": unsloth's context-length tables give a memory size per row
+#: and no card (the 70B table says it ran on an 80GB A100): such a row is that A100 with N
+#: GiB, so its CUDA context and kernels are the A100's and only the memory differs.
+_VRAM_ONLY = re.compile(r"^(\d+) GB VRAM \(card not named\)$")
+
+
+def card_of(case: Case) -> GPU:
+    """The card ``case`` ran on, as torchfit's catalog knows it (see `CARDS`, `_VRAM_ONLY`)."""
+    size = _VRAM_ONLY.match(case.gpu or "")
+    if size is None:
+        return gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
+    memory = int(size[1]) * 2**30
+    return dataclasses.replace(gpu(DEFAULT_CARD), name=str(case.gpu), memory=memory, aliases=())
+
 
 #: Hub ids of the sources -> torchfit catalog names.
 #: Every other model goes by its Hub id through torchfit's resolver (offline: the catalog).
@@ -139,6 +157,14 @@ PRECISIONS: dict[str, dict[str, Any]] = {
         "dtype": "nf4",
         "double_quant": True,
     },
+    # the Hugging Face QLoRA recipe (transformers' bitsandbytes docs, PEFT's quantization
+    # guide): BitsAndBytesConfig(nf4, double quant, bf16 compute), trained under bf16 autocast;
+    # prepare_model_for_kbit_training is the default of a 4-bit *-mixed step (kbit_prepare)
+    "bf16-mixed + bnb nf4-dq base (BitsAndBytesConfig, bf16 compute)": {
+        "dtype": "nf4",
+        "precision": "bf16-mixed",
+        "double_quant": True,
+    },
 }
 
 #: What each recipe's chunked cross-entropy chunks: LitGPT's lm_head_chunk_size=128 (the
@@ -152,6 +178,8 @@ LOSS_CHUNKS: dict[str, Callable[[int], int]] = {
 
 OPTIMIZERS = {
     "adamw": "adamw",
+    # torch.optim.AdamW(fused=True): torchtune's LoRA / QLoRA configs
+    "adamw-fused": "adamw-fused",
     "adam": "adam",
     "sgd": "sgd",
     "adam-8bit": "adamw-8bit",
@@ -174,6 +202,10 @@ LOOPS: dict[str, dict[str, bool]] = {
     "Lit-GPT": {"set_to_none": True, "keep_output": True},
     "litgpt": {"set_to_none": True, "keep_output": True},
     "torchtune": {"set_to_none": True, "keep_output": False},
+    # Trainer of late 2024 (transformers 4.46-4.48, trainer.py _inner_training_loop):
+    # model.zero_grad() after each optimizer step (torch 2's set_to_none=True), and
+    # compute_loss returns the loss only (the outputs are dropped before backward)
+    "Hugging Face transformers Trainer": {"set_to_none": True, "keep_output": False},
     # PEFT's method_comparison/MetaMathQA/run.py @ 5d602fd: optimizer.zero_grad() (torch 2's
     # set_to_none=True), then `outputs = model(**batch)` stays in scope through backward
     "PEFT 0.19": {"set_to_none": True, "keep_output": True},
@@ -219,6 +251,8 @@ class Row:
     predicted: int | None = None
     verdict: str | None = None
     reason: str = ""
+    #: a maximum-context row (``case.longest``): the longest length torchfit fits on the card
+    longest: int | None = None
 
     @property
     def error(self) -> float | None:
@@ -236,6 +270,7 @@ _TARGETS = (
     "projection",
     "output_proj",
     "q_proj",
+    "o_proj",
     "k_proj",
     "v_proj",
     "up_proj",
@@ -397,7 +432,7 @@ def on_device(case: Case) -> tuple[MemoryEstimate, GPU]:
     """
     if case.key in CALIBRATION:
         raise NotExpressible(CALIBRATION[case.key])
-    card = gpu(CARDS.get(case.gpu or "", DEFAULT_CARD))
+    card = card_of(case)
     version = re.search(r"CUDA (\d+\.\d+)", case.cuda_torch or "")
     cuda = None if version is None else version.group(1)
     if case.model in MODULES:  # traced: the exact allocation sequence gives `reserved`
@@ -411,6 +446,18 @@ def on_device(case: Case) -> tuple[MemoryEstimate, GPU]:
     return to_device(found, gpu=card, cuda_version=cuda), card
 
 
+def longest_on_card(case: Case, card: GPU) -> int:
+    """The longest ``seq_len`` whose OOM line fits ``card``, ``case``'s setting otherwise."""
+    model, _ = setting(dataclasses.replace(case, seq_len=1, longest=False))
+    config = resolve_model(model).config
+    limit = int(getattr(config, "max_position_embeddings", None) or 2**20)
+
+    def needed(length: int) -> int:
+        return on_device(dataclasses.replace(case, seq_len=length, longest=False))[0].device_needed
+
+    return longest_fitting(needed, card.total, start=case.seq_len or 1, limit=limit)
+
+
 def compare(case: Case, *, heldout: bool) -> Row:
     """Estimate ``case`` and read the figure its source measured."""
     try:
@@ -418,10 +465,16 @@ def compare(case: Case, *, heldout: bool) -> Row:
     except NotExpressible as reason:
         return Row(case, heldout, reason=str(reason))
     if case.measured in {"fits", "oom"}:
-        fits = device.device_total <= card.total
+        # the OOM line: what the card must hold for the step to run (what `fits` decides on)
+        fits = device.device_needed <= card.total
+        longest = longest_on_card(case, card) if case.longest else None
         if fits and case.seq_len is None:
-            return Row(case, heldout, reason="sequence length not given (one token fits)")
-        return Row(case, heldout, device.device_total, "fits" if fits else "oom")
+            reason = "sequence length not given (one token fits)"
+            if longest is not None:
+                reason += f"; torchfit's longest on this card: {longest:,} tokens"
+            return Row(case, heldout, reason=reason, longest=longest)
+        verdict = "fits" if fits else "oom"
+        return Row(case, heldout, device.device_needed, verdict, longest=longest)
     quantity = QUANTITY.get(case.measured)
     if quantity is None:
         return Row(case, heldout, reason=f"quantity {case.measured!r} has no torchfit twin")
@@ -573,16 +626,32 @@ def _section(title: str, rows: list[Row]) -> list[str]:
     return lines
 
 
-def report(rows: list[Row]) -> str:
-    """Markdown: the tuning set, the held-out set, and ambiguous cases apart."""
+LONGEST = "Longest sequences (maximum-context tables)"
+
+
+def report(rows: list[Row], sources: Mapping[str, Source] | None = None) -> str:
+    """Markdown: the tuning set, the held-out set, ambiguous cases apart, the longest
+    sequences of maximum-context tables, what is not expressible and (given ``sources``)
+    what each source's recipe has that torchfit does not model."""
     done = [row for row in rows if not row.reason]
     plain = [row for row in done if not row.case.ambiguous]
     lines = _section(TUNING, [row for row in plain if not row.heldout])
     lines += _section(f"{HELDOUT} (nothing was tuned on them)", [r for r in plain if r.heldout])
     lines += _section("Ambiguous setups (reported apart)", [r for r in done if r.case.ambiguous])
+    longest = [
+        (row.case.key, str(row.case.gpu), row.case.seq_len or 0, row.longest)
+        for row in rows
+        if row.longest is not None
+    ]
+    if longest:
+        lines += [f"## {LONGEST}", "", *longest_table(longest), ""]
     skipped = [row for row in rows if row.reason]
     lines += ["## Not expressible yet", "", "| case | why |", "|---|---|"]
     lines += [f"| {row.case.key} | {row.reason} |" for row in skipped]
+    noted = {key: s.not_modelled for key, s in (sources or {}).items() if s.not_modelled}
+    if noted:
+        lines += ["", "## Not modelled, by source (its runs' recipe, not a fudged figure)", ""]
+        lines += [f"- `{key}`: {text}" for key, text in sorted(noted.items())]
     return "\n".join(lines)
 
 
@@ -603,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
         tuning = summarize([row for row in plain if not row.heldout])
         print(readme_paragraph(tuning, summarize([row for row in plain if row.heldout])))
         return
-    print(report(rows))
+    print(report(rows, data.sources))
 
 
 if __name__ == "__main__":

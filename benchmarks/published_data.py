@@ -86,6 +86,11 @@ class Case:
     new_tokens: int | None = None
     #: The heading the report groups this case under (its source's ``publication``).
     publication: str = ""
+    #: The key of its ``[sources.<key>]`` table.
+    source_key: str = ""
+    #: A maximum-context table's row: ``fits`` at ``seq_len``, the longest length that fit
+    #: on ``gpu``, or ``oom`` without a ``seq_len``, none of the lengths tried fitting.
+    longest: bool = False
 
     def __post_init__(self) -> None:
         """Refuse a case that names an unknown quantity, mode or method, or lacks a citation."""
@@ -113,6 +118,14 @@ class Case:
                 self.measured in VERDICTS and not self.gpu,
                 "a verdict needs the card it was reached on",
             ),
+            (
+                self.longest
+                and (self.measured, self.seq_len is None) not in {("fits", False), ("oom", True)},
+                (
+                    "longest = true marks a 'fits' verdict at the longest seq_len that fit, "
+                    "or an 'oom' verdict without seq_len (no length fit)"
+                ),
+            ),
         )
         problems = [message for failed, message in checks if failed]
         if problems:
@@ -131,6 +144,10 @@ class Source:
     date: str | None = None
     #: Setup paragraphs its runs share, by name; a run names one and its notes end with it.
     setups: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The recipe its runs' settings state: the documented file or page, at a version.
+    recipe: str | None = None
+    #: What of that recipe torchfit cannot express (its runs say so, not a fudged figure).
+    not_modelled: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +189,7 @@ RUN_FIELDS: Mapping[str, str] = {
     "framework": _STR,
     "cuda_torch": _STR,
     "params": _INT,
+    "longest": _BOOL,
     "ambiguous": _BOOL,
     "notes": _STR,
 }
@@ -186,6 +204,8 @@ SOURCE_FIELDS: Mapping[str, str] = {
     "citation": _STR,
     "setups": _TABLE,
     "shared": _TABLE,
+    "recipe": _STR,
+    "not_modelled": _STR,
 }
 _REQUIRED_SOURCE = ("publication", "title", "url", "citation")
 
@@ -245,6 +265,8 @@ def _source(key: str, table: Mapping[str, Any], origin: str) -> tuple[Source, di
             citation=table["citation"],
             date=table.get("date"),
             setups=setups,
+            recipe=table.get("recipe"),
+            not_modelled=table.get("not_modelled"),
         ),
         shared,
     )
@@ -307,6 +329,7 @@ def _case(
             notes=notes,
             other_tricks=tuple(fields.get("other_tricks", ())),
             publication=source.publication,
+            source_key=source.key,
             **{"precision": None, "gpu": None, "ambiguous": False, **plain},
         )
     except ValueError as error:  # Case's own checks: name the record in the file too

@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import published  # noqa: E402 - benchmarks/ is not a package
 import published_data as data  # noqa: E402
+import published_longest  # noqa: E402
 import published_models  # noqa: E402
 
 LOADED = data.load()
@@ -221,3 +222,98 @@ def test_the_june_2023_adam_updates_as_adam_does():
     _, replayed = _step_peak(published_models.AdamBefore104780)
     for a, b in zip(reference.parameters(), replayed.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_card_named_by_its_memory_only_is_an_a100_of_that_size():
+    card = published.card_of(case("unsloth_hf_l33_70b_48gb_oom"))  # "48 GB VRAM (card not named)"
+    a100 = published.card_of(case("qwen25_3b_in6144"))
+    assert card.total == 48 * 2**30 != a100.total
+    assert card.sm_count == a100.sm_count  # the A100's context: only the memory differs
+    assert published.card_of(case("lg_llama2_7b_lora_mb1")).total == 40 * 2**30
+
+
+def test_unsloths_baseline_is_the_hugging_face_qlora_recipe():
+    model, kwargs = published.setting(case("unsloth_hf_l31_8b_24gb_fits"))
+    assert model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert (kwargs["dtype"], kwargs["precision"], kwargs["double_quant"]) == (
+        "nf4",
+        "bf16-mixed",
+        True,
+    )
+    assert "kbit_prepare" not in kwargs  # the default of a 4-bit *-mixed step: prepared
+    assert kwargs["optimizer"] == "adamw"  # TrainingArguments' optim='adamw_torch'
+    assert kwargs["gradient_checkpointing"] is True
+    assert kwargs["attn_implementation"] == "flash"
+    assert kwargs["lora_rank"] == 32
+    assert set(kwargs["lora_targets"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    assert (kwargs["set_to_none"], kwargs["keep_output"]) == (True, False)
+
+
+class _Device:
+    """What `on_device` returns, reduced to the two totals a verdict could read."""
+
+    def __init__(self, total, needed):
+        self.device_total, self.device_needed = total, needed
+
+
+def test_a_verdict_decides_on_the_oom_line_not_the_device_total(monkeypatch):
+    run = case("lg_llama2_7b_lora_mb4_oom")
+    card = published.card_of(run)
+    # allocator slack that a full card would reuse: device_total over, the OOM line under
+    device = _Device(total=card.total + 2**30, needed=card.total - 2**30)
+    monkeypatch.setattr(published, "on_device", lambda _case: (device, card))
+    row = published.compare(run, heldout=False)
+    assert (row.verdict, row.predicted) == ("fits", card.total - 2**30)
+
+
+def test_a_maximum_context_row_reports_the_longest_length_that_fits(monkeypatch):
+    run = case("unsloth_hf_l31_8b_24gb_fits")
+
+    def on_device(c):  # 1 GiB a token above 10 GiB: 14 tokens fit in 24 GiB
+        return _Device(0, (10 + (c.seq_len or 1)) * 2**30), published.card_of(c)
+
+    monkeypatch.setattr(published, "on_device", on_device)
+    row = published.compare(run, heldout=False)
+    assert (row.verdict, row.longest) == ("oom", 14)  # 5,789 tokens would not fit here
+    none = published.compare(case("unsloth_hf_l31_8b_8gb_oom"), heldout=False)
+    assert (none.verdict, none.longest) == ("oom", 0)
+    text = published.report([row, none], LOADED.sources)
+    assert "| unsloth_hf_l31_8b_24gb_fits | 24 GB VRAM (card not named) | 5,789 | 14 |" in text
+    assert "- `unsloth_context_length`: The Unsloth column" in text
+
+
+@pytest.mark.parametrize(
+    ("needed", "capacity", "start", "expected"),
+    [
+        (lambda n: 1000 + 3 * n, 4000, 700, 1000),  # a line: found exactly
+        (lambda n: 1000 + 3 * n + n * n // 5000, 40_000, 5000, 8350),  # bends upwards
+        (lambda n: 5000 + n, 4000, 700, 0),  # not even one token
+        (lambda n: n, 10**9, 1700, 10_000),  # the model's limit
+    ],
+)
+def test_longest_fitting_finds_the_last_length_under_the_capacity(
+    needed, capacity, start, expected
+):
+    found = published_longest.longest_fitting(needed, capacity, start=start, limit=10_000)
+    assert abs(found - expected) <= 0.005 * max(expected, 1)
+    assert found == 0 or needed(found) <= capacity
+
+
+def test_longest_fitting_takes_few_estimates():
+    calls = []
+
+    def needed(n):
+        calls.append(n)
+        return 9 * 2**30 + n * 2_600_000  # the 8B QLoRA's slope: about 2.5 MiB a token
+
+    found = published_longest.longest_fitting(needed, 24 * 2**30, start=5789, limit=131_072)
+    assert len(calls) <= 6
+    assert needed(found) <= 24 * 2**30 < needed(found + 30)  # within 0.5% of the longest

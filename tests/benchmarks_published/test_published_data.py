@@ -120,3 +120,50 @@ def test_every_source_and_setup_of_the_data_file_is_used():
         notes = [case.notes for case in cases if case.source == source.citation]
         for name, setup in source.setups.items():
             assert any(note.endswith(setup) for note in notes), (source.key, name)
+
+
+def test_a_source_states_its_recipe_and_what_of_it_is_not_modelled():
+    text = SOURCE.replace(
+        'citation = "org/repo guide.md @ abc123"\n',
+        'citation = "org/repo guide.md @ abc123"\nrecipe = "run.py @ abc123"\n'
+        'not_modelled = "torch.compile"\n',
+    )
+    source = data.loads(text + RUN).sources["guide"]
+    assert (source.recipe, source.not_modelled) == ("run.py @ abc123", "torch.compile")
+    assert data.loads(SOURCE + RUN).sources["guide"].recipe is None
+    with pytest.raises(ValueError, match=r"\[sources.guide\]: recipe = 3 should be a string"):
+        data.loads(SOURCE.replace('url = "', 'recipe = 3\nurl = "') + RUN)
+
+
+LONGEST_FITS = RUN.replace(
+    'figure = "1.5"\nunit = "GiB"\n', 'gpu = "24 GB VRAM (card not named)"\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("measured", "seq_len", "fine"),
+    [
+        ("fits", "seq_len = 512\n", True),
+        ("oom", "", True),
+        ("fits", "", False),
+        ("oom", "seq_len = 512\n", False),
+    ],
+)
+def test_a_maximum_context_row_is_a_fits_at_its_length_or_an_oom_without_one(
+    measured, seq_len, fine
+):
+    shared = SOURCE.replace('measured = "max_memory_allocated"\n', "")
+    run = LONGEST_FITS.replace(
+        'setup = "bench"', f'measured = "{measured}"\nlongest = true\n{seq_len}'
+    )
+    if fine:
+        case = data.loads(shared + run).cases[0]
+        assert case.longest and case.source_key == "guide"
+    else:
+        with pytest.raises(ValueError, match="longest = true marks"):
+            data.loads(shared + run)
+
+
+def test_every_source_of_the_data_file_states_its_recipe():
+    missing = [key for key, source in data.load().sources.items() if not source.recipe]
+    assert missing == []
