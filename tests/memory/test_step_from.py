@@ -397,7 +397,7 @@ def test_step_from_training_arguments_builds_the_step_and_warns_at_the_caller(tm
 
 
 def test_step_from_training_arguments_refuses_a_contradicting_field(tmp_path):
-    with pytest.raises(ValueError, match="precision='32-true'.*bf16=True"):
+    with pytest.raises(ValueError, match=r"precision='32-true'.*bf16=True"):
         Step.from_training_arguments(_args(tmp_path, bf16=True), precision="32-true")
 
 
