@@ -306,3 +306,24 @@ def test_a_config_without_a_maximum_says_what_it_plans(capsys):
         512,
         "the length T5 was pre-trained with (its config sets no maximum)",
     )
+
+
+# --- the whole machine: --machine adds the host's RAM and one verdict -----------------------
+
+
+def test_machine_adds_the_host_plan_and_a_verdict_for_the_whole_machine(capsys):
+    argv = ["plan", "llama-3.1-8b", "--gpu", "RTX 3060", "--inference", "--dtype", "nf4",
+            "--seq", "1024", "--machine", "desktop-3060"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Host plan: llama-3.1-8b on desktop-3060" in out
+    assert "from_pretrained(4-bit, device_map='cuda')" in out  # loaded as the step holds it
+    assert out.rstrip().splitlines()[-1].startswith("machine verdict: FITS (the card: fits;")
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["machine_fits"] is True and data["host"]["machine"]["name"] == "desktop-3060"
+    # a bf16 model whose weights alone outgrow the card: the machine does not hold the run
+    assert main([*argv[:6], "bf16", *argv[7:], "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] is False and data["machine_fits"] is False
+    assert "dtype=bf16" in data["host"]["load"]["method"]

@@ -92,7 +92,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--quantize-head"): SWITCH, ("plan", "--loss-chunk"): COUNT,
     ("plan", "--new-tokens"): COUNT, ("plan", "--no-kbit-prepare"): SWITCH,
     ("plan", "--lora-dropout"): FRACTION,
-    ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH,
+    ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH, ("plan", "--machine"): NAME,
     ("gpus", "--help"): None, ("gpus", "--json"): SWITCH,
     ("models", "--help"): None, ("models", "--search"): TEXT, ("models", "--json"): SWITCH,
 }  # fmt: skip

@@ -111,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
         "keeping room for its KV cache and activations",
     )
     add_cuda_flags(plan)
+    plan.add_argument(
+        "--machine",
+        default=None,
+        type=values.machine,
+        metavar="NAME",
+        help="also plan the host: RAM to load and to run the model (desktop-3060, "
+        "workstation-a100, or 'this' for this machine), and a verdict for the whole machine",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument(
         "--plot",
@@ -182,26 +190,46 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(args.model, plan, args.plot)
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
+    host = extras.host_plan(args, plan, model) if args.machine else None
     if args.seq_len is None and plan.step.seq_len is not None:  # before the answer, on stderr
         print(_default_seq(model, plan.step.seq_len), file=sys.stderr)
+    found = {"traced": traced, "device_map": placed, "host": host}
     if args.json:
-        data = plan.to_dict()
-        if traced is not None:
-            data["traced"] = traced.to_dict()
-        if placed is not None:
-            data["device_map"] = placed.to_dict()
-        print(json.dumps(data, indent=2))
+        print(json.dumps(_plan_json(plan, found), indent=2))
         _wrote_plot(args.plot, file=sys.stderr)  # stdout stays one JSON document
         return 0
     print(plan)
-    if traced is not None:
-        print("\ntraced (the real step on fake tensors, for the same settings):")
-        print(traced)
-    if placed is not None:
-        print()
-        print(placed)
+    _print_extras(plan, found)
     _wrote_plot(args.plot, file=sys.stdout)
     return 0
+
+
+def _plan_json(plan: Any, found: dict[str, Any]) -> dict[str, Any]:
+    """The plan as JSON, with what ``--trace``, ``--device-map`` and ``--machine`` added."""
+    data: dict[str, Any] = plan.to_dict()
+    for key, value in found.items():
+        if value is not None:
+            data[key] = value.to_dict()
+    if found["host"] is not None:
+        data["machine_fits"] = extras.machine_fits(plan, found["host"])
+    return data
+
+
+def _print_extras(plan: Any, found: dict[str, Any]) -> None:
+    """What ``--trace``, ``--device-map`` and ``--machine`` added, after the plan."""
+    if found["traced"] is not None:
+        print("\ntraced (the real step on fake tensors, for the same settings):")
+        print(found["traced"])
+    if found["device_map"] is not None:
+        print()
+        print(found["device_map"])
+    host = found["host"]
+    if host is not None:
+        print()
+        print(host)
+        verdict = "FITS" if extras.machine_fits(plan, host) else "DOES NOT FIT"
+        card = "fits" if plan.fits else "does not fit"
+        print(f"machine verdict: {verdict} (the card: {card}; the host: {host.verdict})")
 
 
 def _default_seq(model: Any, tokens: int) -> str:

@@ -1,7 +1,8 @@
 """What ``torchfit plan`` adds to a plan on request.
 
 The model config read with its repository's code (``--trust-remote-code``), an inference
-device map (``--device-map``) and the traced step (``--trace``).
+device map (``--device-map``), the traced step (``--trace``) and the host's side of the
+run (``--machine``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["device_map", "model_of", "traced"]
+__all__ = ["device_map", "host_plan", "machine_fits", "model_of", "traced"]
 
 
 def model_of(args: argparse.Namespace) -> Any:
@@ -116,3 +117,30 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
             gpu=plan.gpu,
             **loop,
         )
+
+
+#: ``from_pretrained``'s bitsandbytes bits for a 4/8-bit base.
+_BITS = {"nf4": 4, "fp4": 4, "int4": 4, "int8": 8}
+
+
+def host_plan(args: argparse.Namespace, plan: Any, model: Any) -> Any:
+    """The host's side of the planned step (`torchfit.host.host_fits`): RAM to load and run.
+
+    The weights are loaded as the step holds them: quantized on load for a 4/8-bit base,
+    fp32 under a ``*-mixed`` precision (the master weights), else in the compute dtype;
+    onto the card.
+    """
+    from torchfit.host import host_fits, machine, this_machine  # noqa: PLC0415
+
+    chosen = this_machine() if args.machine.strip().lower() == "this" else machine(args.machine)
+    step = plan.step
+    bits = _BITS.get(str(step.quantization))
+    dtype = None if bits else ("fp32" if step.mixed else step.compute.value)
+    return host_fits(model, chosen, dtype=dtype, bits=bits, device_map="cuda")
+
+
+def machine_fits(plan: Any, host: Any) -> bool:
+    """The whole machine holds the run: the card fits the step and the RAM the host side."""
+    from torchfit.host.plan import HostVerdict  # noqa: PLC0415
+
+    return bool(plan.fits) and host.verdict is not HostVerdict.NO

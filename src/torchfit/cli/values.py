@@ -29,6 +29,7 @@ __all__ = [
     "flags_in",
     "fraction",
     "gpu",
+    "machine",
     "model_name",
     "names",
     "optimizer",
@@ -172,6 +173,13 @@ def _bitsandbytes(text: str) -> object:
     return keeps_4bit_input(_text(text))
 
 
+def _machine(text: str) -> object:
+    """An example machine's name, or ``this`` (this machine, read when the plan runs)."""
+    from torchfit.host import machine  # noqa: PLC0415
+
+    return text if text.strip().lower() == "this" else machine(_text(text))
+
+
 def _gpu(text: str) -> object:
     from torchfit.memory.gpus.budget import resolve_budget  # noqa: PLC0415
 
@@ -226,6 +234,7 @@ size = _reader("size", _size, keep=True)
 context = _reader("context", _context, keep=True)
 bitsandbytes_version = _reader("bitsandbytes_version", _bitsandbytes, keep=True)
 gpu = _reader("gpu", _gpu, keep=True)
+machine = _reader("machine", _machine, keep=True)
 names = _reader("names", _names, keep=False)
 model_name = _reader("model", _model, keep=True)
 plot_path = _reader("plot", _plot, keep=True)
