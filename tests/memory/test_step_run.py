@@ -87,3 +87,36 @@ def test_a_checkpointed_model_takes_a_checkpointing_step():
     assert trace(model, batch, step=step) == trace(model, batch)
     with pytest.raises(ValueError, match=r"seq_len=64.*32"):
         trace(model, batch, step=step.replace(seq_len=64))
+
+
+def test_a_step_is_the_predictor_max_batch_size_and_the_finder_take():
+    from torchfit.memory import find_batch_size, max_batch_size, simulate_gpu
+    from torchfit.memory.estimator import batch_predictor
+
+    config = LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256,
+    )  # fmt: skip
+    step = Step(batch_size=16, seq_len=32, precision="bf16-mixed", device="cpu")
+    predict = batch_predictor(config, step)
+    for batch in (1, 3, 7):  # the step's own batch (16) is the one varied
+        assert predict(batch) == memory_estimate(config, step.replace(batch_size=batch))
+    by_keywords = max_batch_size(
+        lambda b: memory_estimate(config, batch_size=b, seq_len=32, dtype="bf16", device="cpu"),
+        "64MiB",
+    )
+    assert max_batch_size(predict, "64MiB") == by_keywords > 1
+    tried = []
+
+    @find_batch_size(predict=predict, budget=simulate_gpu("64MiB"))
+    def run(batch_size):
+        tried.append(batch_size)
+
+    run()
+    assert tried[0] == max_batch_size(predict, simulate_gpu("64MiB"))
+
+
+def memory_estimate(*args, **kwargs):
+    from torchfit.memory import estimate
+
+    return estimate(*args, **kwargs)

@@ -20,6 +20,7 @@ path produced the numbers (``method: ...``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchfit._core import checks
@@ -45,7 +46,7 @@ from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import AUTO, Step
 from torchfit.memory.step.entry import given_step
 
-__all__ = ["estimate"]
+__all__ = ["batch_predictor", "estimate"]
 
 
 @checks.arguments(model=checks.model_ref())
@@ -88,6 +89,30 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
     if step.precision == AUTO:
         step._precision()  # noqa: SLF001 - raises: estimate has no card to choose for
     return _estimate(model, step)
+
+
+def batch_predictor(
+    model: Any, step: Step | None = None, **keywords: Any
+) -> Callable[[int], MemoryEstimate]:
+    """A `Step` as a predictor: ``batch_size -> estimate(model, step at that batch)``.
+
+    What `max_batch_size` and `find_batch_size(predict=...)` take; the step's own
+    ``batch_size`` is the one varied.
+
+    Example:
+        >>> from torchfit.memory import max_batch_size
+        >>> predict = batch_predictor("gpt2", Step(seq_len=512, precision="bf16-mixed"))
+        >>> predict(4).total == estimate("gpt2", batch_size=4, seq_len=512, dtype="bf16").total
+        True
+        >>> max_batch_size(predict, "RTX 3060") > 8
+        True
+    """
+    base = given_step(step, keywords, where="batch_predictor(model, step)")
+
+    def predict(batch_size: int) -> MemoryEstimate:
+        return estimate(model, base.replace(batch_size=batch_size))
+
+    return predict
 
 
 def _estimate(model: Any, step: Step) -> MemoryEstimate:
