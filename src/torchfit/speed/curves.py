@@ -22,6 +22,17 @@ Dao 2023, arXiv:2307.08691; 35% on H100, FA3 paper): x1.95. The memory-efficient
 kernel (fp32, or a mask) runs at 0.6 of that: FA2 is 1.3-2x xformers' kernel in Dao
 2023's Figure 4-5 comparisons, taken at its low end.
 
+**FlashAttention-2's tiles**: the kernel computes whole tiles of query rows by key
+columns, so a sequence that is not a multiple of the tile pays for the padded one. The
+tiles are FA2's launch templates (``csrc/flash_attn/src/flash_fwd_launch_template.h`` and
+``flash_bwd_launch_template.h`` of Dao-AILab/flash-attention, vendored by PyTorch under
+``aten/src/ATen/native/transformers/cuda/flash_attn/``): forward 128 x 128 for head
+size 64 and below, 128 x 64 above; backward 128 x 128 for 64 and below, 64 x 128 above.
+The FA3 paper's points are multiples of 128, so the curve is the full-tile rate and
+`flash_tile_fill` the share of it a ragged sequence keeps: ViT-B/16's 197 tokens fill
+197/256 of each tile dimension (35% of the work is padding). Sequences shorter than a
+tile (decoding, one query) are memory-bound and left alone.
+
 **Memory-bound kernels** stream at 83% of the datasheet bandwidth, what microbenchmarks
 reach on HBM (750 of 900 GB/s on a V100: Jia et al. 2018, "Dissecting the NVIDIA Volta
 GPU Architecture via Microbenchmarking", arXiv:1804.06826), plus 2 µs per kernel
@@ -40,6 +51,7 @@ __all__ = [
     "MEMORY_KERNEL_S",
     "MatmulFit",
     "attention_efficiency",
+    "flash_tile_fill",
     "matmul_fit",
 ]
 
@@ -161,3 +173,32 @@ def attention_efficiency(
     if backend != "flash":
         share *= EFFICIENT_ATTENTION
     return share
+
+
+def _flash_tile(head_dim: int, *, backward: bool) -> tuple[int, int]:
+    """FA2's (query rows, key columns) per tile on sm80/sm90 (module notes)."""
+    if backward:
+        return (128, 128) if head_dim <= 64 else (64, 128)
+    return (128, 128) if head_dim <= 64 else (128, 64)
+
+
+def flash_tile_fill(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) -> float:
+    """Share of FlashAttention-2's padded tiles that holds real rows and columns.
+
+    A dimension at least one tile long is rounded up to whole tiles; a shorter one
+    (decoding's single query) is left as it is (module notes).
+
+    Example:
+        >>> round(flash_tile_fill(197, 197, 64, backward=False), 3)  # ViT-B/16: 197 of 256
+        0.592
+        >>> flash_tile_fill(2048, 2048, 128, backward=True)
+        1.0
+    """
+    rows, columns = _flash_tile(head_dim, backward=backward)
+
+    def fill(size: int, tile: int) -> float:
+        if size < tile:
+            return 1.0
+        return size / (math.ceil(size / tile) * tile)
+
+    return fill(seq_q, rows) * fill(seq_k, columns)
