@@ -28,9 +28,10 @@ tiles are FA2's launch templates (``csrc/flash_attn/src/flash_fwd_launch_templat
 ``flash_bwd_launch_template.h`` of Dao-AILab/flash-attention, vendored by PyTorch under
 ``aten/src/ATen/native/transformers/cuda/flash_attn/``): forward 128 x 128 for head
 size 64 and below, 128 x 64 above; backward 128 x 128 for 64 and below, 64 x 128 above.
-The FA3 paper's points are multiples of 128, so the curve is the full-tile rate and
-`flash_tile_fill` the share of it a ragged sequence keeps: ViT-B/16's 197 tokens fill
-197/256 of each tile dimension (35% of the work is padding). Sequences shorter than a
+The FA3 paper's points are multiples of 128, so the curve gives the full-tile rate at
+the padded length (`flash_padded`) and `flash_tile_fill` the share of it a ragged
+sequence keeps: ViT-B/16's 197 tokens fill 197/256 of each tile dimension (41% of the
+work is padding), so they take as long as 256 would. Sequences shorter than a
 tile (decoding, one query) are memory-bound and left alone.
 
 **Memory-bound kernels** stream at 83% of the datasheet bandwidth, what microbenchmarks
@@ -51,6 +52,7 @@ __all__ = [
     "MEMORY_KERNEL_S",
     "MatmulFit",
     "attention_efficiency",
+    "flash_padded",
     "flash_tile_fill",
     "matmul_fit",
 ]
@@ -182,11 +184,25 @@ def _flash_tile(head_dim: int, *, backward: bool) -> tuple[int, int]:
     return (128, 128) if head_dim <= 64 else (128, 64)
 
 
+def flash_padded(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) -> tuple[int, int]:
+    """The query and key lengths FlashAttention-2 computes: each rounded up to whole tiles.
+
+    A dimension shorter than one tile (decoding's single query) is left as it is.
+
+    Example:
+        >>> flash_padded(197, 197, 64, backward=False), flash_padded(1, 4096, 128, backward=False)
+        ((256, 256), (1, 4096))
+    """
+    rows, columns = _flash_tile(head_dim, backward=backward)
+
+    def pad(size: int, tile: int) -> int:
+        return size if size < tile else math.ceil(size / tile) * tile
+
+    return pad(seq_q, rows), pad(seq_k, columns)
+
+
 def flash_tile_fill(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) -> float:
     """Share of FlashAttention-2's padded tiles that holds real rows and columns.
-
-    A dimension at least one tile long is rounded up to whole tiles; a shorter one
-    (decoding's single query) is left as it is (module notes).
 
     Example:
         >>> round(flash_tile_fill(197, 197, 64, backward=False), 3)  # ViT-B/16: 197 of 256
@@ -194,11 +210,5 @@ def flash_tile_fill(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) ->
         >>> flash_tile_fill(2048, 2048, 128, backward=True)
         1.0
     """
-    rows, columns = _flash_tile(head_dim, backward=backward)
-
-    def fill(size: int, tile: int) -> float:
-        if size < tile:
-            return 1.0
-        return size / (math.ceil(size / tile) * tile)
-
-    return fill(seq_q, rows) * fill(seq_k, columns)
+    padded_q, padded_k = flash_padded(seq_q, seq_k, head_dim, backward=backward)
+    return seq_q * seq_k / (padded_q * padded_k)

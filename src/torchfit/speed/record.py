@@ -391,7 +391,7 @@ def second_pass_bytes(name: str, args: tuple[Any, ...]) -> int:
 
 
 def _cudnn_persistent(x: torch.Tensor) -> bool:
-    """cuDNN's persistent batch norm (one pass): channels-last fp32/fp16 activations.
+    """Whether cuDNN's persistent (one-pass) batch norm runs: channels-last fp32/fp16.
 
     PyTorch gives batch norm to cuDNN unless the input is bf16 (``_batch_norm_impl_index``
     in ``aten/src/ATen/native/Normalization.cpp``) and asks for the persistent mode in

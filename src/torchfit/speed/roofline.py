@@ -22,6 +22,7 @@ from torchfit.speed.curves import (
     MEMORY_EFFICIENCY,
     MEMORY_KERNEL_S,
     attention_efficiency,
+    flash_padded,
     flash_tile_fill,
     matmul_fit,
 )
@@ -80,15 +81,18 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
     if op.kind is OpKind.ATTENTION:
         _, _, seq_q, seq_k, head_dim, causal = op.shape
         backward = op.phase is Phase.BACKWARD or op.name.endswith("_backward")
+        flash = op.backend == "flash"
+        # a ragged sequence runs FA2's whole tiles: the rate of the padded length
+        padded = flash_padded(seq_q, seq_k, head_dim, backward=backward) if flash else None
         share = attention_efficiency(
             backward=backward,
             causal=bool(causal),
             head_dim=head_dim,
-            seq=max(seq_q, seq_k),
+            seq=max(padded or (seq_q, seq_k)),
             hopper=hopper,
             backend=op.backend,
         )
-        if op.backend == "flash":  # a ragged sequence pays for FA2's whole tiles
+        if flash:
             share *= flash_tile_fill(seq_q, seq_k, head_dim, backward=backward)
         compute = op.flops / (card.dense_peak(math_of(op, card)) * share)
         return max(compute, op.bytes / (bandwidth * MEMORY_EFFICIENCY)) + MEMORY_KERNEL_S

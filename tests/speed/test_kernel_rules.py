@@ -1,0 +1,113 @@
+"""Kernel rules behind the H200 vision and BERT steps: FA2 tiles, two-pass norms, TMA."""
+
+import pytest
+import torch
+from torch import nn
+
+from torchfit.memory import gpu
+from torchfit.speed.cards import peaks
+from torchfit.speed.curves import flash_tile_fill
+from torchfit.speed.ops import Op, OpKind, Phase
+from torchfit.speed.record import OpRecorder, second_pass_bytes, tma_aligned
+from torchfit.speed.roofline import MMA_SYNC_SHARE, kernel_seconds
+
+H200 = peaks(gpu("H200"))
+
+
+def _attention(seq, *, head_dim=64, backward=False):
+    batch, heads = 64, 12
+    flops = 4.0 * batch * heads * seq * seq * head_dim * (2.5 if backward else 1.0)
+    moved = 4.0 * batch * heads * seq * head_dim * 2
+    name = "_flash_attention_backward" if backward else "_flash_attention"
+    phase = Phase.BACKWARD if backward else Phase.FORWARD
+    shape = (batch, heads, seq, seq, head_dim, 0)
+    return Op(name, OpKind.ATTENTION, phase, flops, moved, "bf16", shape, "flash")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_ragged_sequence_pays_for_flash_attentions_whole_tiles(backward):
+    # ViT-B/16's 197 tokens run two 128-row tiles, as 256 tokens do: FA2 computes
+    # the padded tile, so 197 costs about what 256 costs, not (197/256)² of it
+    vit = kernel_seconds(_attention(197, backward=backward), H200, hopper=True)
+    full = kernel_seconds(_attention(256, backward=backward), H200, hopper=True)
+    assert vit == pytest.approx(full, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("seq_q", "seq_k", "head_dim", "backward", "fill"),
+    [
+        (197, 197, 64, False, (197 / 256) ** 2),
+        (2048, 2048, 128, True, 1.0),
+        (200, 200, 128, False, 200 / 256 * 200 / 256),  # 128 x 64 tiles: 256 and 256
+        (1, 4096, 128, False, 1.0),  # one query (decoding) is not padded to a tile
+    ],
+)
+def test_flash_tile_fill_rounds_each_dimension_to_fa2s_tile(seq_q, seq_k, head_dim, backward, fill):
+    assert flash_tile_fill(seq_q, seq_k, head_dim, backward=backward) == pytest.approx(fill)
+
+
+def _recorded(fn, *tensors):
+    recorder = OpRecorder()
+    with recorder:
+        fn(*tensors)
+    return recorder.ops
+
+
+def test_layer_norm_backward_reads_the_gradient_and_input_twice():
+    x = torch.randn(32, 768, requires_grad=True)
+    norm = nn.LayerNorm(768)
+    out = norm(x)
+    recorder = OpRecorder()
+    with recorder:
+        out.backward(torch.ones_like(out))
+    op = next(o for o in recorder.ops if o.name == "native_layer_norm_backward")
+    one_pass = 3 * x.nbytes  # dY and X read, dX written (mean, rstd, weights are small)
+    assert op.bytes >= one_pass + 2 * x.nbytes
+
+
+def test_batch_norm_in_training_reads_its_input_twice_and_not_in_eval():
+    x = torch.randn(8, 16, 32, 32)
+    bn = nn.BatchNorm2d(16)
+    train = next(o for o in _recorded(bn, x) if "batch_norm" in o.name)
+    bn.eval()
+    evaluation = next(o for o in _recorded(bn, x) if "batch_norm" in o.name)
+    assert train.bytes - evaluation.bytes >= x.nbytes
+
+
+def test_cudnns_persistent_channels_last_batch_norm_is_one_pass():
+    x = torch.empty(8, 16, 32, 32)
+    args = (x, None, None, None, None, True)
+    last = (x.to(memory_format=torch.channels_last), *args[1:])
+    assert second_pass_bytes("native_batch_norm", args) == x.nbytes
+    assert second_pass_bytes("native_batch_norm", last) == 0
+    # bf16 batch norm is PyTorch's own kernel, two passes whatever the layout
+    bf16 = (x.to(torch.bfloat16, memory_format=torch.channels_last), *args[1:])
+    assert second_pass_bytes("native_batch_norm", bf16) == x.nbytes // 2
+
+
+def test_a_vocabulary_not_a_multiple_of_eight_is_not_tma_aligned():
+    hidden = torch.empty(64, 768, dtype=torch.bfloat16)
+    bert = torch.empty(768, 30522, dtype=torch.bfloat16)
+    llama = torch.empty(768, 128256, dtype=torch.bfloat16)
+    assert not tma_aligned(hidden, bert) and tma_aligned(hidden, llama)
+    ops = _recorded(torch.mm, hidden, bert) + _recorded(torch.mm, hidden, llama)
+    assert [op.backend for op in ops if op.name == "mm"] == ["unaligned", ""]
+
+
+def test_an_unaligned_16_bit_matmul_runs_on_mma_sync_on_hopper_only():
+    shape = (1, 16384, 30522, 768)
+    flops = 2.0 * 16384 * 30522 * 768
+    moved = 2.0 * (16384 * 768 + 768 * 30522 + 16384 * 30522)
+    aligned = Op("mm", OpKind.MATMUL, Phase.FORWARD, flops, moved, "bf16", shape)
+    unaligned = Op("mm", OpKind.MATMUL, Phase.FORWARD, flops, moved, "bf16", shape, "unaligned")
+    slow = kernel_seconds(unaligned, H200, hopper=True) / kernel_seconds(aligned, H200, hopper=True)
+    assert slow == pytest.approx(1 / MMA_SYNC_SHARE, rel=0.1)
+    a100 = peaks(gpu("A100 80GB"))
+    assert kernel_seconds(unaligned, a100, hopper=False) == kernel_seconds(
+        aligned, a100, hopper=False
+    )
+    fp32 = [
+        Op(o.name, o.kind, o.phase, o.flops, o.bytes, "fp32", o.shape, o.backend)
+        for o in (aligned, unaligned)
+    ]
+    assert kernel_seconds(fp32[0], H200, hopper=True) == kernel_seconds(fp32[1], H200, hopper=True)
