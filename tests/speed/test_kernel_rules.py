@@ -8,8 +8,9 @@ from torchfit.memory import gpu
 from torchfit.speed.cards import peaks
 from torchfit.speed.curves import flash_tile_fill
 from torchfit.speed.ops import Op, OpKind, Phase
-from torchfit.speed.record import OpRecorder, second_pass_bytes, tma_aligned
+from torchfit.speed.record import OpRecorder
 from torchfit.speed.roofline import MMA_SYNC_SHARE, kernel_seconds
+from torchfit.speed.traffic import second_pass_bytes, tma_aligned
 
 H200 = peaks(gpu("H200"))
 

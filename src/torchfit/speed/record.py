@@ -19,11 +19,12 @@ recomputation included), and turns each kernel-launching op into an `Op`:
   backward (five matmuls against two: Dao 2023, arXiv:2307.08691, section 3.1);
 - everything else that launches a kernel: memory-bound, its bytes the tensors it reads
   and writes (a broadcast input read once, a gathered table only where it is read);
-  a normalization CUDA runs in two passes reads its inputs twice (`second_pass_bytes`).
+  a normalization CUDA runs in two passes reads its inputs twice
+  (`torchfit.speed.traffic.second_pass_bytes`).
 
-A 16-bit matmul records whether its operands' row strides suit Hopper's tensor memory
-accelerator (`tma_aligned`): the roofline times one that does not on older
-instructions.
+A matmul records whether its operands' row strides suit Hopper's tensor memory
+accelerator (`torchfit.speed.traffic.tma_aligned`): the roofline times a 16-bit one that
+does not on older instructions.
 
 Views (``view``, ``t``, ``expand``...), allocations without a fill (``empty``) and
 metadata queries launch no kernel and are skipped.
@@ -40,15 +41,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from torchfit.speed.ops import Op, OpKind, Phase
+from torchfit.speed.traffic import TMA_ALIGNMENT, read_bytes, second_pass_bytes, tma_aligned
 
-__all__ = [
-    "OpRecorder",
-    "attention_flops",
-    "dtype_name",
-    "nchw_bytes",
-    "second_pass_bytes",
-    "tma_aligned",
-]
+__all__ = ["OpRecorder", "attention_flops", "dtype_name", "nchw_bytes"]
 
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 _CONVS = frozenset({"convolution", "convolution_backward"})
@@ -90,17 +85,6 @@ _GATHERS = frozenset(
 _SCATTERS = frozenset({"nll_loss_backward", "nll_loss2d_backward"})
 #: How backward FLOPs of fused attention relate to forward (Dao 2023, section 3.1).
 BACKWARD_ATTENTION_RATIO = 2.5
-#: Where a batch norm's ``training`` flag sits in each overload's arguments.
-_BATCH_NORM_TRAINING = {
-    "native_batch_norm": 5,
-    "_native_batch_norm_legit": 5,
-    "_native_batch_norm_legit_functional": 5,
-    "native_batch_norm_backward": 7,
-    "batch_norm_backward": 7,
-}
-#: Byte multiple every row stride (and the start) of a TMA tensor must be: the CUDA
-#: driver API's cuTensorMapEncodeTiled ("globalStrides ... must be a multiple of 16").
-TMA_ALIGNMENT = 16
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -125,15 +109,6 @@ def attention_flops(
     """
     full = 4.0 * batch * heads * seq_q * seq_k * head_dim
     return full / 2 if causal else full
-
-
-def _read_bytes(tensor: torch.Tensor) -> int:
-    """Bytes a kernel reads of ``tensor``: a broadcast (stride-0) dimension once."""
-    elements = 1
-    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
-        if stride != 0:
-            elements *= size
-    return elements * tensor.element_size()
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -198,15 +173,15 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             inputs = [t for t in inputs if t is not args[1]]
         if name in _GATHERS:
             table, rest = inputs[0], inputs[1:]
-            moved = min(_read_bytes(table), sum(_read_bytes(t) for t in outputs))
-            moved += sum(_read_bytes(t) for t in rest) + sum(t.nbytes for t in outputs)
+            moved = min(read_bytes(table), sum(read_bytes(t) for t in outputs))
+            moved += sum(read_bytes(t) for t in rest) + sum(t.nbytes for t in outputs)
         else:
             seen: set[int] = set()
             moved = 0
             for t in inputs:
                 if id(t) not in seen:
                     seen.add(id(t))
-                    moved += _read_bytes(t)
+                    moved += read_bytes(t)
             moved += sum(t.numel() * t.element_size() for t in outputs)
         first = (inputs or outputs)[0]
         dtype = dtype_name(first.dtype)
@@ -322,81 +297,3 @@ def _causal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, backwar
     else:  # efficient / cudnn: is_causal after dropout_p
         index = 10 if backward else 6
     return bool(args[index]) if len(args) > index and isinstance(args[index], bool) else False
-
-
-def tma_aligned(*tensors: torch.Tensor) -> bool:
-    """Whether every tensor's start and non-unit strides are multiples of 16 bytes.
-
-    Hopper's tensor-core GEMMs (``wgmma``) load their tiles with the tensor memory
-    accelerator, whose descriptors need each global stride to be a multiple of 16 bytes
-    (CUDA driver API, ``cuTensorMapEncodeTiled``). A 16-bit matrix whose rows are not a
-    multiple of 8 elements (a BERT vocabulary of 30,522, GPT-2's 50,257) cannot be
-    described, so cuBLAS runs an older ``mma.sync`` kernel (`torchfit.speed.roofline`).
-
-    Example:
-        >>> tma_aligned(torch.empty(4096, 768, dtype=torch.bfloat16))
-        True
-        >>> tma_aligned(torch.empty(768, 30522, dtype=torch.bfloat16))
-        False
-    """
-    for t in tensors:
-        size = t.element_size()
-        if (t.storage_offset() * size) % TMA_ALIGNMENT:
-            return False
-        for dim, stride in zip(t.shape, t.stride(), strict=True):
-            if dim > 1 and stride != 1 and (stride * size) % TMA_ALIGNMENT:
-                return False
-    return True
-
-
-def second_pass_bytes(name: str, args: tuple[Any, ...]) -> int:
-    """Bytes a normalization reads again because CUDA runs it as two kernels.
-
-    - **Batch norm in training** cannot normalize before the batch's statistics are
-      complete: PyTorch's CUDA kernels (``aten/src/ATen/native/cuda/Normalization.cu``)
-      run ``batch_norm_collect_statistics`` and then ``batch_norm_transform_input``
-      (forward), ``batch_norm_backward_reduce`` and then ``batch_norm_backward_elemt``
-      (backward), each reading the activations (and the output gradient) once more;
-      cuDNN's non-persistent spatial mode, which PyTorch asks for with NCHW tensors
-      (``aten/src/ATen/native/cudnn/BatchNorm.cpp``, ``getCudnnBatchNormMode``), has the
-      same dependence (channels-last fp32/fp16 activations get cuDNN's persistent mode,
-      one pass). The second pass reads the input (and in backward the output gradient)
-      again.
-    - **Layer norm backward** computes the input gradient in one kernel and the weight
-      and bias gradients in another (``GammaBetaBackwardCUDAKernel`` in
-      ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``), each reading the output
-      gradient and the input.
-
-    Example:
-        >>> x = torch.empty(8, 64, 56, 56)
-        >>> second_pass_bytes("native_batch_norm", (x, None, None, None, None, True)) / 1e6
-        6.422528
-        >>> second_pass_bytes("native_batch_norm", (x, None, None, None, None, False))
-        0
-    """
-    if name == "native_layer_norm_backward":
-        mask = args[7] if len(args) > 7 else (True, True, True)
-        if mask[0] and (mask[1] or mask[2]):
-            return _read_bytes(args[0]) + _read_bytes(args[1])
-        return 0
-    index = _BATCH_NORM_TRAINING.get(name)
-    if index is None or len(args) <= index or not args[index]:
-        return 0
-    x = args[1] if name.endswith("backward") else args[0]
-    if _cudnn_persistent(x):
-        return 0
-    if name.endswith("backward"):
-        return _read_bytes(args[0]) + _read_bytes(args[1])
-    return _read_bytes(args[0])
-
-
-def _cudnn_persistent(x: torch.Tensor) -> bool:
-    """Whether cuDNN's persistent (one-pass) batch norm runs: channels-last fp32/fp16.
-
-    PyTorch gives batch norm to cuDNN unless the input is bf16 (``_batch_norm_impl_index``
-    in ``aten/src/ATen/native/Normalization.cpp``) and asks for the persistent mode in
-    training when the input is channels-last (``getCudnnBatchNormMode``).
-    """
-    if x.dim() != 4 or x.dtype == torch.bfloat16:
-        return False
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
