@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from torchfit.speed.ops import Op, OpKind, Phase
-from torchfit.speed.traffic import TMA_ALIGNMENT, read_bytes, second_pass_bytes, tma_aligned
+from torchfit.speed.traffic import read_bytes, second_pass_bytes, tma_aligned
 
 __all__ = ["OpRecorder", "attention_flops", "dtype_name", "nchw_bytes"]
 
@@ -201,9 +201,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         batch = a.shape[0] if a.dim() == 3 else 1
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         flops = 2.0 * batch * m * n * k
-        # the product's rows are n wide whatever the output's layout: a row-major C
-        aligned = tma_aligned(a, b) and (n * a.element_size()) % TMA_ALIGNMENT == 0
-        backend = "" if aligned else "unaligned"
+        # the operands the main loop loads through TMA; the output is stored without it
+        backend = "" if tma_aligned(a, b) else "unaligned"
         return Op(name, OpKind.MATMUL, self.phase, flops, moved, dtype, (batch, m, n, k), backend)
 
     def _conv(
