@@ -52,7 +52,7 @@ class Op:
             causal)`` for attention; ``()`` otherwise.
         backend: Attention: ``"flash"`` or ``"efficient"`` (what SDPA picks on CUDA);
             a matmul: ``"unaligned"`` when its operands' row strides are not multiples
-            of 16 bytes (`torchfit.speed.record.tma_aligned`), else ``""``.
+            of 16 bytes (`torchfit.speed.traffic.tma_aligned`), else ``""``.
         count: How many times the step runs it.
     """
 

@@ -11,7 +11,7 @@ A convolution on tensor cores with NCHW activations adds the two transposes cuDN
 around it (`torchfit.speed.record.nchw_bytes`), each a memory-bound kernel reading
 and writing its bytes. On Hopper a 16-bit matmul whose row strides are not multiples of
 16 bytes cannot load through the tensor memory accelerator (``wgmma`` kernels need it;
-`torchfit.speed.record.tma_aligned`) and runs on ``mma.sync`` at `MMA_SYNC_SHARE` of
+`torchfit.speed.traffic.tma_aligned`) and runs on ``mma.sync`` at `MMA_SYNC_SHARE` of
 the peak (the operands decide; the output is stored without the TMA).
 """
 
