@@ -112,3 +112,33 @@ def test_an_unaligned_16_bit_matmul_runs_on_mma_sync_on_hopper_only():
         for o in (aligned, unaligned)
     ]
     assert kernel_seconds(fp32[0], H200, hopper=True) == kernel_seconds(fp32[1], H200, hopper=True)
+
+
+# torch.maximum in fp16 on an H200: bytes moved and TB/s (TileOPs issue 512, pull 539)
+_H200_MAXIMUM = [(25.17e6, 1.83), (62.91e6, 2.79), (125.83e6, 3.37)]
+# torch gelu in fp32 on an H100: elements and seconds (pytorch/pytorch pull 141959)
+_H100_GELU = [(1 << 24, 50.5e-6), (1 << 25, 93.1e-6), (1 << 26, 181.5e-6), (1 << 27, 356.6e-6)]
+
+
+@pytest.mark.parametrize(("moved", "tb_s"), _H200_MAXIMUM)
+def test_hopper_memory_kernels_meet_the_measured_h200_points(moved, tb_s):
+    op = Op("maximum", OpKind.MEMORY, Phase.FORWARD, 0.0, moved, "fp16")
+    assert kernel_seconds(op, H200, hopper=True) == pytest.approx(moved / (tb_s * 1e12), rel=0.03)
+
+
+@pytest.mark.parametrize(("elements", "seconds"), _H100_GELU)
+def test_hopper_memory_curve_meets_an_h100_sweep_it_was_not_drawn_from(elements, seconds):
+    op = Op("gelu", OpKind.MEMORY, Phase.FORWARD, 0.0, 8.0 * elements, "fp32")
+    h100 = peaks(gpu("H100"))
+    assert kernel_seconds(op, h100, hopper=True) == pytest.approx(seconds, rel=0.1)
+
+
+def test_tiny_kernels_keep_the_floor_so_the_host_still_binds_them():
+    tiny = Op("add", OpKind.MEMORY, Phase.FORWARD, 0.0, 4096.0, "fp32")
+    assert kernel_seconds(tiny, H200, hopper=True) < 2.1e-6
+    # older cards keep 83% of the bandwidth and 2 µs (the rule checked on a V100)
+    a100 = peaks(gpu("A100 80GB"))
+    big = Op("add", OpKind.MEMORY, Phase.FORWARD, 0.0, 1e9, "fp32")
+    assert kernel_seconds(big, a100, hopper=False) == pytest.approx(
+        1e9 / (a100.bandwidth_gb_s * 1e9 * 0.83) + 2e-6
+    )

@@ -25,6 +25,7 @@ from torchfit.speed.curves import (
     flash_padded,
     flash_tile_fill,
     matmul_fit,
+    memory_curve,
 )
 from torchfit.speed.ops import Op, OpKind, Phase
 
@@ -62,8 +63,8 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         >>> from torchfit.memory import gpu
         >>> from torchfit.speed.cards import peaks
         >>> copy = Op("copy_", OpKind.MEMORY, Phase.FORWARD, 0.0, 4.8e9, "bf16")
-        >>> round(kernel_seconds(copy, peaks(gpu("H200")), hopper=True) * 1e3, 3)  # 4.8 GB
-        1.207
+        >>> round(kernel_seconds(copy, peaks(gpu("H200")), hopper=True) * 1e3, 3)  # 4.8 GB at 89%
+        1.131
     """
     bandwidth = card.bandwidth_gb_s * 1e9
     if op.kind in {OpKind.MATMUL, OpKind.CONV}:
@@ -76,7 +77,8 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         seconds = fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=share)
         if op.kind is OpKind.CONV and kind != "fp32" and len(op.shape) > 4 and op.shape[4]:
             # NCHW -> NHWC and back: each byte read and written once more
-            seconds += 2 * op.shape[4] / (bandwidth * MEMORY_EFFICIENCY) + 2 * MEMORY_KERNEL_S
+            half = op.shape[4] / 2  # two transposes, each reading and writing half the bytes
+            seconds += 2 * memory_curve(hopper=hopper).seconds(2 * half, bandwidth)
         return seconds
     if op.kind is OpKind.ATTENTION:
         _, _, seq_q, seq_k, head_dim, causal = op.shape
@@ -96,4 +98,4 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
             share *= flash_tile_fill(seq_q, seq_k, head_dim, backward=backward)
         compute = op.flops / (card.dense_peak(math_of(op, card)) * share)
         return max(compute, op.bytes / (bandwidth * MEMORY_EFFICIENCY)) + MEMORY_KERNEL_S
-    return op.bytes / (bandwidth * MEMORY_EFFICIENCY) + MEMORY_KERNEL_S
+    return memory_curve(hopper=hopper).seconds(op.bytes, bandwidth)
