@@ -100,6 +100,8 @@ def second_pass_bytes(name: str, args: tuple[Any, ...]) -> int:
             return read_bytes(args[0]) + read_bytes(args[1])
         return 0
     index = _BATCH_NORM_TRAINING.get(name)
+    if name == "_native_batch_norm_legit" and len(args) == 6:  # .no_stats: training at 3
+        index = 3
     if index is None or len(args) <= index or not args[index]:
         return 0
     x = args[1] if name.endswith("backward") else args[0]
