@@ -142,3 +142,20 @@ def test_tiny_kernels_keep_the_floor_so_the_host_still_binds_them():
     assert kernel_seconds(big, a100, hopper=False) == pytest.approx(
         1e9 / (a100.bandwidth_gb_s * 1e9 * 0.83) + 2e-6
     )
+
+
+def test_a_vocabulary_softmax_reads_its_rows_three_times_and_a_short_one_once():
+    logits = torch.randn(4, 50257, requires_grad=True)
+    recorder = OpRecorder()
+    with recorder:
+        out = torch.log_softmax(logits, dim=-1)
+    recorder.phase = Phase.BACKWARD
+    with recorder:
+        out.backward(torch.ones_like(out))
+    forward = next(o for o in recorder.ops if o.name == "_log_softmax")
+    backward = next(o for o in recorder.ops if o.name == "_log_softmax_backward_data")
+    assert forward.bytes == 4 * logits.nbytes  # max, sum, output: three reads, one write
+    assert backward.bytes >= 4 * logits.nbytes  # the gradient twice, the output, the write
+    short = torch.randn(4, 1024)
+    ops = _recorded(torch.softmax, short, -1)
+    assert next(o for o in ops if o.name == "_softmax").bytes == 2 * short.nbytes

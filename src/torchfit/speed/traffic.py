@@ -3,8 +3,9 @@
 The recorder (`torchfit.speed.record`) counts each tensor an op reads once and each it
 writes once. Two things about the CUDA kernels behind the ops change that:
 
-- some normalizations run as two kernels, each reading the activations
-  (`second_pass_bytes`);
+- some normalizations run as two kernels, each reading the activations, and a softmax
+  over rows too long for one block's registers or shared memory reads them in several
+  passes (`second_pass_bytes`);
 - Hopper's tensor-core GEMMs load through the tensor memory accelerator, which needs
   16-byte row strides (`tma_aligned`).
 """
@@ -86,6 +87,7 @@ def second_pass_bytes(name: str, args: tuple[Any, ...]) -> int:
       and bias gradients in another (``GammaBetaBackwardCUDAKernel`` in
       ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``), each reading the output
       gradient and the input.
+    - **Softmax and log-softmax over long rows** (a vocabulary): `_softmax_passes`.
 
     Example:
         >>> x = torch.empty(8, 64, 56, 56)
@@ -94,22 +96,26 @@ def second_pass_bytes(name: str, args: tuple[Any, ...]) -> int:
         >>> second_pass_bytes("native_batch_norm", (x, None, None, None, None, False))
         0
     """
+    if name in _SOFTMAX:
+        return _softmax_passes(name, args)
     if name == "native_layer_norm_backward":
         mask = args[7] if len(args) > 7 else (True, True, True)
-        if mask[0] and (mask[1] or mask[2]):
-            return read_bytes(args[0]) + read_bytes(args[1])
-        return 0
+        two_kernels = mask[0] and (mask[1] or mask[2])
+        return read_bytes(args[0]) + read_bytes(args[1]) if two_kernels else 0
+    return _batch_norm_passes(name, args)
+
+
+def _batch_norm_passes(name: str, args: tuple[Any, ...]) -> int:
+    """The second pass of a batch norm in training (`second_pass_bytes`)."""
     index = _BATCH_NORM_TRAINING.get(name)
     if name == "_native_batch_norm_legit" and len(args) == 6:  # .no_stats: training at 3
         index = 3
     if index is None or len(args) <= index or not args[index]:
         return 0
-    x = args[1] if name.endswith("backward") else args[0]
-    if _cudnn_persistent(x):
+    backward = name.endswith("backward")
+    if _cudnn_persistent(args[1] if backward else args[0]):
         return 0
-    if name.endswith("backward"):
-        return read_bytes(args[0]) + read_bytes(args[1])
-    return read_bytes(args[0])
+    return read_bytes(args[0]) + (read_bytes(args[1]) if backward else 0)
 
 
 def _cudnn_persistent(x: torch.Tensor) -> bool:
@@ -122,3 +128,52 @@ def _cudnn_persistent(x: torch.Tensor) -> bool:
     if x.dim() != 4 or x.dtype == torch.bfloat16:
         return False
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+#: The softmax ops whose CUDA kernels read a long row more than once.
+_SOFTMAX = frozenset(
+    {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"}
+)
+#: Shared memory one block may use without opting in (CUDA C++ Programming Guide,
+#: "Technical Specifications per Compute Capability": 48 KB on every capability since
+#: 3.x); PyTorch sizes its softmax caches by ``sharedMemPerBlock``, this figure.
+_SHARED_PER_BLOCK = 48 * 1024
+_SOFTMAX_REDUCTION = 1024 // 32 * 4  # one fp32 partial per warp of a 1,024-thread block
+_REGISTER_ROWS = 9 * 1024  # cunn_SoftMaxForwardReg: fewer than 10 elements per thread
+
+
+def _softmax_passes(name: str, args: tuple[Any, ...]) -> int:
+    """Bytes a softmax over the last dimension reads again when its row is long.
+
+    PyTorch's CUDA softmax (``host_softmax`` in ``aten/src/ATen/native/cuda/SoftMax.cu``)
+    keeps a row on chip when it can: a warp per row up to 2,048 elements, registers for
+    fewer than 10 elements per thread of a 1,024-thread block, else shared memory when
+    the row fits one block's 48 KB (and its length is a multiple of the 16-byte vector).
+    A longer row (a vocabulary of 50,257 fp32 logits is 196 KB) goes to
+    ``cunn_SoftMaxForward``, which reads it three times from device memory (the
+    maximum, the sum of exponentials, then the output). Backward
+    (``cunn_SoftMaxBackward``) reads the output gradient twice (its sum, then the
+    gradient), softmax's the output too. Only the last dimension is judged.
+
+    Example:
+        >>> logits = torch.empty(8, 50257)
+        >>> _softmax_passes("_log_softmax", (logits, 1, False)) == 2 * logits.nbytes
+        True
+        >>> _softmax_passes("_softmax", (torch.empty(8, 12, 1024, 1024), -1, False))
+        0
+    """
+    backward = name.endswith("_backward_data")
+    x = args[0]  # the input forward, the output gradient backward
+    dim = args[2] if backward else args[1]
+    if x.dim() == 0 or dim % x.dim() != x.dim() - 1:
+        return 0
+    row, size = x.shape[-1], x.element_size()
+    fits_shared = row < (_SHARED_PER_BLOCK - _SOFTMAX_REDUCTION) // size and not row % (16 // size)
+    if backward:
+        if fits_shared or row * size <= 4096:
+            return 0
+        extra = read_bytes(x)
+        return extra + (read_bytes(args[1]) if name == "_softmax_backward_data" else 0)
+    if row <= _REGISTER_ROWS or fits_shared:
+        return 0
+    return 2 * read_bytes(x)
