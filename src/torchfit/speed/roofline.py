@@ -6,7 +6,8 @@ by default) at the fitted matmul curve; fused attention at FlashAttention-2's me
 share of the peak for its sequence length, head size and mask, less the padding of its
 last tiles (`torchfit.speed.curves.flash_tile_fill`; fp32 attention on Ampere and later
 as three TF32 products: `torchfit.speed.cards`); everything else streams
-its bytes at the achievable bandwidth. Every kernel costs at least a few microseconds.
+its bytes at the achievable bandwidth plus a fixed part (`torchfit.speed.curves.memory_curve`:
+Hopper's measured one, else 83% and 2 µs). Every kernel costs at least a few microseconds.
 A convolution on tensor cores with NCHW activations adds the two transposes cuDNN runs
 around it (`torchfit.speed.record.nchw_bytes`), each a memory-bound kernel reading
 and writing its bytes. On Hopper a 16-bit matmul whose row strides are not multiples of
