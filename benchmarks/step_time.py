@@ -1,9 +1,9 @@
 """torchfit.speed's step times beside real ones: this project's H200 runs.
 
-Reads the step times `gpu_check.py` measured (``benchmarks/gpu_runs/h200-b.jsonl``: each
-record's recipe beside ``step_median_s``; ``h200-a-times.jsonl`` with the recipes of
-``h200-a.jsonl``), predicts each case with `torchfit.speed.step_time` for an H200, and
-prints predicted against real with the median and worst error. The constants of
+Reads the step times `gpu_check.py` measured (``benchmarks/gpu_runs/h200-b.jsonl`` and
+``h200-c.jsonl``: each record's recipe beside ``step_median_s``; ``h200-a-times.jsonl``
+with the recipes of ``h200-a.jsonl``), predicts each case with `torchfit.speed.step_time`
+for an H200, and prints predicted against real with the median and worst error. The constants of
 `torchfit.speed` come from published measurements (docs/speed.md); these runs check
 them, nothing here is fitted to them.
 
@@ -123,10 +123,11 @@ def cases() -> list[dict[str, Any]]:
     it as its real time.
     """
     found = []
-    for raw in map(json.loads, (RUNS / "h200-b.jsonl").read_text().splitlines()):
-        real = raw.get("step_median_s") or raw.get("generate_s")
-        if real and raw.get("kind") in {"train", "forward", "generate"}:
-            found.append({**raw, "real_s": real})
+    for run in ("h200-b.jsonl", "h200-c.jsonl"):
+        for raw in map(json.loads, (RUNS / run).read_text().splitlines()):
+            real = raw.get("step_median_s") or raw.get("generate_s")
+            if real and raw.get("kind") in {"train", "forward", "generate"}:
+                found.append({**raw, "real_s": real})
     recipes = {
         r["case"]: r for r in map(json.loads, (RUNS / "h200-a.jsonl").read_text().splitlines())
     }
