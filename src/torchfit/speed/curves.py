@@ -22,29 +22,107 @@ Dao 2023, arXiv:2307.08691; 35% on H100, FA3 paper): x1.95. The memory-efficient
 kernel (fp32, or a mask) runs at 0.6 of that: FA2 is 1.3-2x xformers' kernel in Dao
 2023's Figure 4-5 comparisons, taken at its low end.
 
+**FlashAttention-2's tiles**: the kernel computes whole tiles of query rows by key
+columns, so a sequence that is not a multiple of the tile pays for the padded one. The
+tiles are FA2's launch templates (``csrc/flash_attn/src/flash_fwd_launch_template.h`` and
+``flash_bwd_launch_template.h`` of Dao-AILab/flash-attention, vendored by PyTorch under
+``aten/src/ATen/native/transformers/cuda/flash_attn/``): forward 128 x 128 for head
+size 64 and below, 128 x 64 above; backward 128 x 128 for 64 and below, 64 x 128 above.
+The FA3 paper's points are multiples of 128, so the curve gives the full-tile rate at
+the padded length (`flash_padded`) and `flash_tile_fill` the share of it a ragged
+sequence keeps: ViT-B/16's 197 tokens fill 197/256 of each tile dimension (41% of the
+work is padding), so they take as long as 256 would. Sequences shorter than a
+tile (decoding, one query) are memory-bound and left alone.
+
 **Memory-bound kernels** stream at 83% of the datasheet bandwidth, what microbenchmarks
 reach on HBM (750 of 900 GB/s on a V100: Jia et al. 2018, "Dissecting the NVIDIA Volta
 GPU Architecture via Microbenchmarking", arXiv:1804.06826), plus 2 µs per kernel
 (an assumption: the launch-to-finish time of an empty kernel, not a published figure).
+On a V100 that rule stays within 10% of PyTorch's own measured size sweep (a contiguous
+comparison kernel at 5 to 100 MB: 518 to 799 GB/s, github.com/pytorch/pytorch pull
+69010), which a line through it puts at 3.6 µs plus 91% of the bandwidth.
+
+**On Hopper** PyTorch's elementwise kernels pay a larger fixed part: ``torch.maximum``
+in fp16 on an H200 (PyTorch 2.9.1, CUDA 12.8; 1,000 iterations timed with CUDA events)
+moved 25.2, 62.9 and 125.8 MB at 1.83, 2.79 and 3.37 TB/s (github.com/tile-ai/TileOPs
+issue 512 and pull 539), that is 13.8, 22.5 and 37.3 µs: a line through them is
+7.8 µs plus 89% of the 4.8 TB/s (`HOPPER_MEMORY`). The same line meets that project's
+other PyTorch figures on the H200 at 42 and 73 MB (``leaky_relu`` 2.57 TB/s, ``where``
+2.99 TB/s, pull 500) within 10%, and an H100 sweep of ``gelu`` in fp32 from 134 MB to
+1.07 GB (github.com/pytorch/pytorch pull 141959: 50.5 to 356.6 µs, 6.8 µs plus 92% of
+3.35 TB/s). Below the smallest measured size the fixed part falls linearly to the 2 µs
+of a near-empty kernel (an interpolation: no smaller size was measured), so a step of
+tiny kernels stays bound by the host.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 
 __all__ = [
     "ATTENTION_OTHER_ARCH",
     "EFFICIENT_ATTENTION",
+    "HOPPER_MEMORY",
     "MEMORY_EFFICIENCY",
     "MEMORY_KERNEL_S",
     "MatmulFit",
+    "MemoryCurve",
     "attention_efficiency",
+    "flash_padded",
+    "flash_tile_fill",
     "matmul_fit",
+    "memory_curve",
 ]
 
 MEMORY_EFFICIENCY = 0.83
 MEMORY_KERNEL_S = 2e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCurve:
+    """A memory-bound kernel's time: a fixed part plus its bytes at a share of the bandwidth.
+
+    Attributes:
+        efficiency: Share of the datasheet bandwidth the bytes stream at.
+        fixed_s: Fixed seconds of a kernel at least ``measured_from`` bytes large.
+        measured_from: The smallest measured size; below it the fixed part falls
+            linearly to `MEMORY_KERNEL_S` (0: no such size, ``fixed_s`` throughout).
+    """
+
+    efficiency: float
+    fixed_s: float
+    measured_from: float = 0.0
+
+    def seconds(self, moved: float, bandwidth: float) -> float:
+        """Seconds of one kernel reading and writing ``moved`` bytes.
+
+        Example:
+            >>> round(HOPPER_MEMORY.seconds(125.8e6, 4.8e12) * 1e6)  # measured: 37.3 µs
+            37
+        """
+        fixed = self.fixed_s
+        if self.measured_from and moved < self.measured_from:
+            fixed = MEMORY_KERNEL_S + (fixed - MEMORY_KERNEL_S) * moved / self.measured_from
+        return moved / (bandwidth * self.efficiency) + fixed
+
+
+#: PyTorch's elementwise kernels on Hopper (module notes: a line through the H200 points).
+HOPPER_MEMORY = MemoryCurve(efficiency=0.89, fixed_s=7.8e-6, measured_from=25.2e6)
+_DEFAULT_MEMORY = MemoryCurve(efficiency=MEMORY_EFFICIENCY, fixed_s=MEMORY_KERNEL_S)
+
+
+def memory_curve(*, hopper: bool) -> MemoryCurve:
+    """The memory-bound curve of a card: Hopper's measured one, else the V100-era rule.
+
+    Example:
+        >>> memory_curve(hopper=True).fixed_s, memory_curve(hopper=False).efficiency
+        (7.8e-06, 0.83)
+    """
+    return HOPPER_MEMORY if hopper else _DEFAULT_MEMORY
+
+
 ATTENTION_OTHER_ARCH = 0.73 / 0.374
 EFFICIENT_ATTENTION = 0.6
 
@@ -161,3 +239,40 @@ def attention_efficiency(
     if backend != "flash":
         share *= EFFICIENT_ATTENTION
     return share
+
+
+def _flash_tile(head_dim: int, *, backward: bool) -> tuple[int, int]:
+    """FA2's (query rows, key columns) per tile on sm80/sm90 (module notes)."""
+    if backward:
+        return (128, 128) if head_dim <= 64 else (64, 128)
+    return (128, 128) if head_dim <= 64 else (128, 64)
+
+
+def flash_padded(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) -> tuple[int, int]:
+    """The query and key lengths FlashAttention-2 computes: each rounded up to whole tiles.
+
+    A dimension shorter than one tile (decoding's single query) is left as it is.
+
+    Example:
+        >>> flash_padded(197, 197, 64, backward=False), flash_padded(1, 4096, 128, backward=False)
+        ((256, 256), (1, 4096))
+    """
+    rows, columns = _flash_tile(head_dim, backward=backward)
+
+    def pad(size: int, tile: int) -> int:
+        return size if size < tile else math.ceil(size / tile) * tile
+
+    return pad(seq_q, rows), pad(seq_k, columns)
+
+
+def flash_tile_fill(seq_q: int, seq_k: int, head_dim: int, *, backward: bool) -> float:
+    """Share of FlashAttention-2's padded tiles that holds real rows and columns.
+
+    Example:
+        >>> round(flash_tile_fill(197, 197, 64, backward=False), 3)  # ViT-B/16: 197 of 256
+        0.592
+        >>> flash_tile_fill(2048, 2048, 128, backward=True)
+        1.0
+    """
+    padded_q, padded_k = flash_padded(seq_q, seq_k, head_dim, backward=backward)
+    return seq_q * seq_k / (padded_q * padded_k)

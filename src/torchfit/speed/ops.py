@@ -50,7 +50,9 @@ class Op:
         shape: What its efficiency depends on: ``(batch, m, n, k)`` for a matmul or the
             implicit GEMM of a convolution; ``(batch, heads, seq_q, seq_k, head_dim,
             causal)`` for attention; ``()`` otherwise.
-        backend: Attention only: ``"flash"`` or ``"efficient"`` (what SDPA picks on CUDA).
+        backend: Attention: ``"flash"`` or ``"efficient"`` (what SDPA picks on CUDA);
+            a matmul: ``"unaligned"`` when its operands' row strides are not multiples
+            of 16 bytes (`torchfit.speed.traffic.tma_aligned`), else ``""``.
         count: How many times the step runs it.
     """
 

@@ -18,7 +18,13 @@ recomputation included), and turns each kernel-launching op into an `Op`:
   FlashAttention's kernels skip the masked half and its papers count), 2.5 times that
   backward (five matmuls against two: Dao 2023, arXiv:2307.08691, section 3.1);
 - everything else that launches a kernel: memory-bound, its bytes the tensors it reads
-  and writes (a broadcast input read once, a gathered table only where it is read).
+  and writes (a broadcast input read once, a gathered table only where it is read);
+  a normalization CUDA runs in two passes reads its inputs twice
+  (`torchfit.speed.traffic.second_pass_bytes`).
+
+A matmul records whether its operands' row strides suit Hopper's tensor memory
+accelerator (`torchfit.speed.traffic.tma_aligned`): the roofline times a 16-bit one that
+does not on older instructions.
 
 Views (``view``, ``t``, ``expand``...), allocations without a fill (``empty``) and
 metadata queries launch no kernel and are skipped.
@@ -35,6 +41,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from torchfit.speed.ops import Op, OpKind, Phase
+from torchfit.speed.traffic import read_bytes, second_pass_bytes, tma_aligned
 
 __all__ = ["OpRecorder", "attention_flops", "dtype_name", "nchw_bytes"]
 
@@ -104,15 +111,6 @@ def attention_flops(
     return full / 2 if causal else full
 
 
-def _read_bytes(tensor: torch.Tensor) -> int:
-    """Bytes a kernel reads of ``tensor``: a broadcast (stride-0) dimension once."""
-    elements = 1
-    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
-        if stride != 0:
-            elements *= size
-    return elements * tensor.element_size()
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(value)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
@@ -175,15 +173,15 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             inputs = [t for t in inputs if t is not args[1]]
         if name in _GATHERS:
             table, rest = inputs[0], inputs[1:]
-            moved = min(_read_bytes(table), sum(_read_bytes(t) for t in outputs))
-            moved += sum(_read_bytes(t) for t in rest) + sum(t.nbytes for t in outputs)
+            moved = min(read_bytes(table), sum(read_bytes(t) for t in outputs))
+            moved += sum(read_bytes(t) for t in rest) + sum(t.nbytes for t in outputs)
         else:
             seen: set[int] = set()
             moved = 0
             for t in inputs:
                 if id(t) not in seen:
                     seen.add(id(t))
-                    moved += _read_bytes(t)
+                    moved += read_bytes(t)
             moved += sum(t.numel() * t.element_size() for t in outputs)
         first = (inputs or outputs)[0]
         dtype = dtype_name(first.dtype)
@@ -195,6 +193,7 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             )
         if name in _ATTENTION:
             return self._attention(name, args, kwargs, float(moved))
+        moved += second_pass_bytes(name, args)
         return Op(name, OpKind.MEMORY, self.phase, 0.0, float(moved), dtype)
 
     def _matmul(self, name: str, args: tuple[Any, ...], moved: float, dtype: str) -> Op:
@@ -202,7 +201,9 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         batch = a.shape[0] if a.dim() == 3 else 1
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         flops = 2.0 * batch * m * n * k
-        return Op(name, OpKind.MATMUL, self.phase, flops, moved, dtype, (batch, m, n, k))
+        # the operands the main loop loads through TMA; the output is stored without it
+        backend = "" if tma_aligned(a, b) else "unaligned"
+        return Op(name, OpKind.MATMUL, self.phase, flops, moved, dtype, (batch, m, n, k), backend)
 
     def _conv(
         self,

@@ -3,12 +3,17 @@
 A matmul or convolution runs on the tensor cores of its dtype (an fp32 convolution on
 TF32 ones, as cuDNN does by default; an fp32 matmul on the CUDA cores, as cuBLAS does
 by default) at the fitted matmul curve; fused attention at FlashAttention-2's measured
-share of the peak for its sequence length, head size and mask (fp32 attention on
-Ampere and later as three TF32 products: `torchfit.speed.cards`); everything else streams
-its bytes at the achievable bandwidth. Every kernel costs at least a few microseconds.
+share of the peak for its sequence length, head size and mask, less the padding of its
+last tiles (`torchfit.speed.curves.flash_tile_fill`; fp32 attention on Ampere and later
+as three TF32 products: `torchfit.speed.cards`); everything else streams
+its bytes at the achievable bandwidth plus a fixed part (`torchfit.speed.curves.memory_curve`:
+Hopper's measured one, else 83% and 2 µs). Every kernel costs at least a few microseconds.
 A convolution on tensor cores with NCHW activations adds the two transposes cuDNN runs
 around it (`torchfit.speed.record.nchw_bytes`), each a memory-bound kernel reading
-and writing its bytes.
+and writing its bytes. On Hopper a 16-bit matmul whose row strides are not multiples of
+16 bytes cannot load through the tensor memory accelerator (``wgmma`` kernels need it;
+`torchfit.speed.traffic.tma_aligned`) and runs on ``mma.sync`` at `MMA_SYNC_SHARE` of
+the peak (the operands decide; the output is stored without the TMA).
 """
 
 from __future__ import annotations
@@ -18,11 +23,19 @@ from torchfit.speed.curves import (
     MEMORY_EFFICIENCY,
     MEMORY_KERNEL_S,
     attention_efficiency,
+    flash_padded,
+    flash_tile_fill,
     matmul_fit,
+    memory_curve,
 )
 from torchfit.speed.ops import Op, OpKind, Phase
 
-__all__ = ["kernel_seconds", "math_of"]
+__all__ = ["MMA_SYNC_SHARE", "kernel_seconds", "math_of"]
+
+#: The share of Hopper's tensor-core peak the pre-Hopper ``mma.sync`` instruction can
+#: reach: "about 2/3" (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, section 2,
+#: after Luo et al. 2024, arXiv:2402.13499).
+MMA_SYNC_SHARE = 2 / 3
 
 
 def math_of(op: Op, card: Peaks) -> str:
@@ -51,8 +64,8 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         >>> from torchfit.memory import gpu
         >>> from torchfit.speed.cards import peaks
         >>> copy = Op("copy_", OpKind.MEMORY, Phase.FORWARD, 0.0, 4.8e9, "bf16")
-        >>> round(kernel_seconds(copy, peaks(gpu("H200")), hopper=True) * 1e3, 3)  # 4.8 GB
-        1.207
+        >>> round(kernel_seconds(copy, peaks(gpu("H200")), hopper=True) * 1e3, 3)  # 4.8 GB at 89%
+        1.131
     """
     bandwidth = card.bandwidth_gb_s * 1e9
     if op.kind in {OpKind.MATMUL, OpKind.CONV}:
@@ -60,21 +73,30 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
         peak = card.dense_peak(kind)
         fit = matmul_fit(kind)
         share = card.sgemm if kind == "fp32" else card.mamf
+        if hopper and op.backend == "unaligned" and kind in {"bf16", "fp16"}:
+            peak *= MMA_SYNC_SHARE  # no TMA descriptor: an mma.sync kernel
         seconds = fit.seconds(op.flops, op.bytes, peak=peak, bandwidth=bandwidth, mamf=share)
         if op.kind is OpKind.CONV and kind != "fp32" and len(op.shape) > 4 and op.shape[4]:
             # NCHW -> NHWC and back: each byte read and written once more
-            seconds += 2 * op.shape[4] / (bandwidth * MEMORY_EFFICIENCY) + 2 * MEMORY_KERNEL_S
+            half = op.shape[4] / 2  # two transposes, each reading and writing half the bytes
+            seconds += 2 * memory_curve(hopper=hopper).seconds(2 * half, bandwidth)
         return seconds
     if op.kind is OpKind.ATTENTION:
         _, _, seq_q, seq_k, head_dim, causal = op.shape
+        backward = op.phase is Phase.BACKWARD or op.name.endswith("_backward")
+        flash = op.backend == "flash"
+        # a ragged sequence runs FA2's whole tiles: the rate of the padded length
+        padded = flash_padded(seq_q, seq_k, head_dim, backward=backward) if flash else None
         share = attention_efficiency(
-            backward=op.phase is Phase.BACKWARD or op.name.endswith("_backward"),
+            backward=backward,
             causal=bool(causal),
             head_dim=head_dim,
-            seq=max(seq_q, seq_k),
+            seq=max(padded or (seq_q, seq_k)),
             hopper=hopper,
             backend=op.backend,
         )
+        if flash:
+            share *= flash_tile_fill(seq_q, seq_k, head_dim, backward=backward)
         compute = op.flops / (card.dense_peak(math_of(op, card)) * share)
         return max(compute, op.bytes / (bandwidth * MEMORY_EFFICIENCY)) + MEMORY_KERNEL_S
-    return op.bytes / (bandwidth * MEMORY_EFFICIENCY) + MEMORY_KERNEL_S
+    return memory_curve(hopper=hopper).seconds(op.bytes, bandwidth)
