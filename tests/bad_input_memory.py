@@ -44,6 +44,8 @@ TRACED = TRAIN | {
     "device": NAME,
     "progress": FLAG,
 }
+#: Something that is not a `torchfit.Step` where one goes.
+STEP = Kind("step", (3, "train", {"batch_size": 2}, [1]))
 RECORD = memory.MemoryEstimate(weights=4000, gradients=4000, optimizer=8000)
 
 MEMORY: list[Case] = [
@@ -160,7 +162,7 @@ MEMORY: list[Case] = [
         "trace",
         lambda: memory.trace,
         kwargs={"model": tiny(), "example_inputs": torch.randn(2, 8), "optimizer": "sgd"},
-        kinds=TRACED | {"gpu": CARD},
+        kinds=TRACED | {"gpu": CARD, "step": STEP},
     ),
     Case(
         "trace_events",
@@ -192,7 +194,12 @@ MEMORY: list[Case] = [
             "device": "cpu",
         },
         kinds=TRAIN
-        | {"model": MODULE, "example_inputs": Kind("inputs", (None,)), "device": DEVICE},
+        | {
+            "model": MODULE,
+            "example_inputs": Kind("inputs", (None,)),
+            "device": DEVICE,
+            "step": STEP,
+        },
     ),
     Case(
         "live_bytes",
