@@ -327,3 +327,42 @@ def test_machine_adds_the_host_plan_and_a_verdict_for_the_whole_machine(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] is False and data["machine_fits"] is False
     assert "dtype=bf16" in data["host"]["load"]["method"]
+
+
+# --- several --gpu: one table, the fastest and the cheapest card ----------------------------
+
+
+def test_several_gpus_compare_the_cards_and_name_the_fastest_and_cheapest(capsys):
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--gpu", "H100", "--seq", "512",
+            "--tokens", "1e8", "--price", "RTX 3060=0.2", "--price", "H100=2.5"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("  NVIDIA")]
+    assert len(rows) == 2 and "RTX 3060" in rows[0] and "H100" in rows[1]  # in the order given
+    assert out[-2].startswith("fastest: NVIDIA H100")
+    assert out[-1].startswith("cheapest for 1e+08 tokens: ")
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_card = {row["gpu"]: row for row in data["rows"]}
+    # each card's largest batch is the one a single-card plan finds
+    assert main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "512", "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert by_card["NVIDIA GeForce RTX 3060 12GB"]["max_batch"] == single["largest_batch"]
+    cheapest = min(data["rows"], key=lambda row: row["cost"])["gpu"]
+    assert out[-1].split(": ")[1].startswith(cheapest)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--strategy", "fsdp"], "--strategy"),
+        (["--loss-chunk", "128"], "--loss-chunk"),
+        (["--machine", "desktop-3060"], "--machine"),
+        (["--price", "A100=1.0"], "--price"),
+    ],
+)
+def test_a_comparison_refuses_what_it_cannot_time(extra, named, capsys):
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--gpu", "H100", "--seq", "128", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchfit: error: ") and named in err

@@ -63,6 +63,8 @@ FRACTION = Flag(
     ("-0.1", "1", "1.5", "nan", "inf", "", " ", "x", "5%"),
     st.one_of(st.floats(min_value=1.0).map(str), st.floats(max_value=-1e-9).map(str), _NONSENSE),
 )
+AMOUNT = Flag(("0", "-1", "nan", "inf", "", " ", "x", "1e9x"), st.one_of(_NONSENSE, _BLANK))
+PRICE = Flag(("", "H100", "=2", "H100=", "H100=-1", "H100=x", "H100=inf"), _BLANK)
 PATH = Flag(("", " ", "\t", ".png", " .png", "/no/such/folder/plan.png", "."), _BLANK)
 TEXT = Flag(("", " ", "\t"), _BLANK)
 MODEL = Flag(("", " ", "\t"), _BLANK)
@@ -93,6 +95,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--new-tokens"): COUNT, ("plan", "--no-kbit-prepare"): SWITCH,
     ("plan", "--lora-dropout"): FRACTION,
     ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH, ("plan", "--machine"): NAME,
+    ("plan", "--tokens"): AMOUNT, ("plan", "--samples"): AMOUNT, ("plan", "--price"): PRICE,
     ("gpus", "--help"): None, ("gpus", "--json"): SWITCH,
     ("models", "--help"): None, ("models", "--search"): TEXT, ("models", "--json"): SWITCH,
 }  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from torchfit import __version__
 from torchfit._core.units import format_bytes
-from torchfit.cli import extras, values
+from torchfit.cli import compare, extras, values
 from torchfit.cli.flags import add_cuda_flags, add_step_flags, refuse_idle_flags, step_fields
 
 __all__ = ["main"]
@@ -43,7 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         "does not know (only for repositories you trust)",
     )
     plan.add_argument(
-        "--gpu", required=True, type=values.gpu, help='card name ("RTX 3060") or size ("12GiB")'
+        "--gpu",
+        required=True,
+        action="append",
+        type=values.gpu,
+        help='card name ("RTX 3060") or size ("12GiB"); given several times, compares the '
+        "cards: fits, largest batch, step time, throughput, hours and cost",
     )
     plan.add_argument(
         "--gpus", type=values.count, default=1, help="number of such cards (default 1)"
@@ -111,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "keeping room for its KV cache and activations",
     )
     add_cuda_flags(plan)
+    compare.add_flags(plan)
     plan.add_argument(
         "--machine",
         default=None,
@@ -162,8 +168,11 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
 def _plan(args: argparse.Namespace) -> int:
     from torchfit.memory.plan import fits, resolve_budget  # noqa: PLC0415
 
+    if len(args.gpu) > 1:
+        return compare.run(args)
+    compare.refuse_budget_flags(args)
     refuse_idle_flags(args)
-    card, _ = resolve_budget(args.gpu)
+    card, _ = resolve_budget(args.gpu[0])
     target = [card] * args.gpus if args.gpus > 1 else card
     model = extras.model_of(args)
     plan = fits(

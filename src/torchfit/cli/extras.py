@@ -40,7 +40,7 @@ def device_map(args: argparse.Namespace, plan: Any) -> Any:
     bits = {"int8": 8, "nf4": 4}.get(str(step.quantization))
     return plan_device_map(
         args.model,
-        [args.gpu] * args.gpus,
+        [args.gpu[0]] * args.gpus,
         batch_size=step.batch_size,
         seq_len=step.seq_len,
         dtype="auto" if bits else step.compute.value,

@@ -46,9 +46,9 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         kind = field.metadata["kind"]
         if kind:
             read, metavar = _KINDS[kind]
+            default = None if field.name == "batch_size" else field.default  # None: not given
             plan.add_argument(
-                flag, dest=field.name, type=read, default=field.default, metavar=metavar,
-                help=help_,
+                flag, dest=field.name, type=read, default=default, metavar=metavar, help=help_,
             )  # fmt: skip
         elif field.default is None:  # a tri-state: unset means the step's own default
             plan.add_argument(
@@ -79,8 +79,15 @@ def add_cuda_flags(plan: argparse.ArgumentParser) -> None:
 
 
 def step_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The `Step` fields a parsed ``torchfit plan`` gives, by name."""
-    return {name: getattr(args, name) for name in STEP_FLAGS}
+    """The `Step` fields a parsed ``torchfit plan`` gives, by name.
+
+    ``--batch`` left out is None (a comparison then times each card at its largest
+    batch); the step then keeps its default.
+    """
+    fields = {name: getattr(args, name) for name in STEP_FLAGS}
+    if fields["batch_size"] is None:
+        del fields["batch_size"]
+    return fields
 
 
 _FOUR_BIT = frozenset({"nf4", "fp4", "int4"})

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 __all__ = [
     "Parser",
+    "amount",
     "attention",
     "bitsandbytes_version",
     "count",
@@ -36,6 +37,7 @@ __all__ = [
     "plot_path",
     "precision",
     "precision_or_auto",
+    "price",
     "shape",
     "size",
     "context",
@@ -173,6 +175,31 @@ def _bitsandbytes(text: str) -> object:
     return keeps_4bit_input(_text(text))
 
 
+def _amount(text: str) -> float:
+    """A positive count that may be written in scientific notation (``1e9`` tokens)."""
+    try:
+        value = float(text.strip().replace("_", ""))
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value != float("inf")):
+        msg = f"expected a positive number such as 1e9 or 2_000_000; got {text!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _price(text: str) -> tuple[str, float]:
+    """``CARD=USD``: a card's price per hour."""
+    card, sep, usd = text.rpartition("=")
+    try:
+        value = float(usd.strip().lstrip("$"))
+    except ValueError:
+        value = -1.0
+    if not sep or not card.strip() or not (value >= 0 and value != float("inf")):
+        msg = f"expected CARD=USD per hour, such as 'H100=2.49'; got {text!r}"
+        raise ValueError(msg)
+    return card.strip(), value
+
+
 def _machine(text: str) -> object:
     """An example machine's name, or ``this`` (this machine, read when the plan runs)."""
     from torchfit.host import machine  # noqa: PLC0415
@@ -235,6 +262,8 @@ context = _reader("context", _context, keep=True)
 bitsandbytes_version = _reader("bitsandbytes_version", _bitsandbytes, keep=True)
 gpu = _reader("gpu", _gpu, keep=True)
 machine = _reader("machine", _machine, keep=True)
+amount = _reader("amount", _amount, keep=False)
+price = _reader("price", _price, keep=False)
 names = _reader("names", _names, keep=False)
 model_name = _reader("model", _model, keep=True)
 plot_path = _reader("plot", _plot, keep=True)

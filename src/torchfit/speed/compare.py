@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchfit._core import checks
-from torchfit.memory.batch import max_batch_size
-from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU, gpu
+from torchfit.memory.plan import fits as plan_fits
+from torchfit.memory.plan.device import device_estimate
 from torchfit.speed.result import StepTime
 from torchfit.speed.timing import step_time
 
@@ -41,9 +41,11 @@ class CardRow:
 
     Attributes:
         gpu: The card's name.
-        fits: The step at ``batch_size`` fits in the card's memory (`torchfit.memory`).
-        peak_bytes: The predicted device total at ``batch_size``.
-        max_batch: The largest batch that fits (0: none).
+        fits: The step at ``batch_size`` fits in the card's memory (`torchfit.fits`' rule:
+            the allocator's OOM line plus the CUDA context).
+        peak_bytes: What the step at ``batch_size`` needs on the card
+            (`MemoryEstimate.device_needed`).
+        max_batch: The largest batch that fits (0: none), as `torchfit.fits` finds it.
         batch_size: The batch timed: the one asked for, else ``max_batch``.
         time: The step's `StepTime` at ``batch_size`` (None when nothing fits).
         hours: Hours for the comparison's budget (None without a budget or a fit).
@@ -172,7 +174,7 @@ def compare_gpus(
         model: What `step_time` takes.
         gpus: Card names or `torchfit.memory.GPU` objects.
         batch_size: The batch to time on every card; None times each card at the largest
-            batch `torchfit.memory.max_batch_size` says fits.
+            batch that fits (`torchfit.fits`).
         tokens: A token budget (language models): hours and cost to process it.
         samples: A sample budget, instead of ``tokens``.
         price_per_hour: Price per card-hour by the names given in ``gpus``.
@@ -199,12 +201,15 @@ def compare_gpus(
     rows = []
     for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
 
-        def predict(b: int) -> Any:
-            return estimate(model, batch_size=b, **memory_kw)
-
-        largest = max_batch_size(predict, card)
+        plan = plan_fits(model, card, batch_size=batch_size or 1, **memory_kw)
+        largest = plan.largest_batch
         chosen = batch_size or largest
-        peak = predict(max(chosen, 1)).device_total if chosen else 0
+        peak = 0
+        if chosen == plan.step.batch_size:
+            peak = plan.estimate.device_needed
+        elif chosen:
+            at = plan.settings.replace(batch_size=chosen)
+            peak = device_estimate(model, at, card).device_needed
         fits = chosen >= 1 and chosen <= largest
         timed = step_time(model, card, batch_size=chosen, **step) if chosen else None
         hours = cost = None
