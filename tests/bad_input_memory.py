@@ -101,8 +101,8 @@ MEMORY: list[Case] = [
         },
     ),
     Case(
-        "describe",
-        lambda: memory.describe,
+        "spec_from_config",
+        lambda: memory.spec_from_config,
         kwargs={"config": memory.model_config("gpt2")},
         kinds={"config": Kind("config", (3, None, "", 2.5, [1]))},
     ),

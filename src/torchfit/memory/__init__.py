@@ -23,11 +23,11 @@ from torchfit.memory.allocator import (
 from torchfit.memory.analytic import (
     TransformerSpec,
     attention_bytes,
-    describe,
     kv_cache_bytes,
     kv_cache_bytes_for,
     model_state_bytes,
     optimizer_state_bytes,
+    spec_from_config,
 )
 from torchfit.memory.batch import (
     BatchSizeResult,
@@ -87,7 +87,7 @@ __all__ = [
     "TransformerSpec",
     "activation_bytes",
     "attention_bytes",
-    "describe",
+    "spec_from_config",
     "estimate",
     "kv_cache_bytes",
     "kv_cache_bytes_for",
