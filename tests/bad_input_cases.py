@@ -199,7 +199,7 @@ _TOP: list[Case] = [
             "start": COUNT,
             "predict": Kind("predictor", (3, "line", 2.5, [1])),
             "budget": CAPACITY,
-            "max_batch_size": COUNT,
+            "batch_limit": COUNT,
             "probe_upward": FLAG,
             "effective_batch_size": COUNT,
             "margin": FRACTION,

@@ -64,8 +64,8 @@ MEMORY: list[Case] = [
         kinds={"batch_size": NON_NEGATIVE},
     ),
     Case(
-        "AffineEstimate.max_batch_size",
-        lambda: line().max_batch_size,
+        "AffineEstimate.batch_within",
+        lambda: line().batch_within,
         kwargs={"budget_bytes": 2000},
         kinds={"budget_bytes": NON_NEGATIVE},
     ),

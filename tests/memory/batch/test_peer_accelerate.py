@@ -149,7 +149,7 @@ def _over_16(tried):
 def test_the_decorator_with_arguments_keeps_them():
     tried = []
 
-    @find_batch_size(start=256, max_batch_size=200)
+    @find_batch_size(start=256, batch_limit=200)
     def step(batch_size):
         return _over_16(tried)(batch_size)
 
