@@ -45,7 +45,7 @@ from bad_inputs import (
     Kind,
 )
 from torchfit import precision, quantize
-from torchfit.loaders import check_shm, diagnose, tune_loader, tuned_loader
+from torchfit.loaders import check_shm, diagnose, tuned_loader, tuned_loader_and_report
 
 #: Records torchfit builds and returns (results, reports, enums): users read them.
 RECORDS = frozenset({
@@ -222,8 +222,8 @@ _TOP: list[Case] = [
         kinds={"fn": CALLABLE, "args": FREE, "track": FREE, "device": DEVICE, "kwargs": FREE},
     ),
     Case(
-        "tune_loader",
-        lambda: tune_loader,
+        "tuned_loader_and_report",
+        lambda: tuned_loader_and_report,
         kwargs={"dataset": LOADER, "batch_size": 2, "time_budget": 0.2, "max_workers": 0},
         kinds={
             "dataset": Kind("dataset", (3, 2.5, None, True)),

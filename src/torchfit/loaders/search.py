@@ -1,4 +1,4 @@
-"""The search behind `tune_loader`.
+"""The search behind `tuned_loader`.
 
 Measure the default, predict a worker count from the CPU the loading uses, climb a
 ladder of worker counts around it, then try a deeper prefetch: a handful of trials
