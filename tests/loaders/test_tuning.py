@@ -37,7 +37,7 @@ from torchfit.loaders import (
     tuned_loader,
     tuned_loader_and_report,
 )
-from torchfit.loaders.checks import fingerprint, python_objects
+from torchfit.loaders.hazards import fingerprint, python_objects
 from torchfit.loaders.machine import (
     MachineBudget,
     cgroup_cpu_limit,

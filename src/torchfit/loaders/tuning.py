@@ -22,8 +22,8 @@ from torchfit.loaders.args import (
     kwargs_of,
     time_steps,
 )
-from torchfit.loaders.checks import shm_message
 from torchfit.loaders.dist import shard
+from torchfit.loaders.hazards import shm_message
 from torchfit.loaders.machine import MachineBudget, machine_budget, shm_worker_limit
 from torchfit.loaders.probe import (
     WorkerSeeder,
