@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from torchfit.memory import fits, gpu, model_config, spec_from_config
+from torchfit.memory import fits, gpu
+from torchfit.memory.analytic import spec_from_config
+from torchfit.memory.catalog import model_config
 from torchfit.memory.sharding import deepspeed_zero_bytes
 
 WORLDS = (1, 2, 4, 8, 16, 32, 64)

@@ -10,7 +10,8 @@ import torch
 
 from torchfit._core.rng import kept_rng
 from torchfit.integrations.search import Samples, SearchPlan, check_options, run_search
-from torchfit.memory import Margin, MemoryEstimate, simulate_gpu
+from torchfit.memory import MemoryEstimate, simulate_gpu
+from torchfit.memory.batch import Margin
 
 
 def pad(samples):

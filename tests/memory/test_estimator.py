@@ -6,8 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchfit.memory import estimate, measure_step, model_config
+from torchfit.memory import estimate, measure_step
 from torchfit.memory.analytic.arch import spec_from_config
+from torchfit.memory.catalog import model_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchfit._core.units import format_bytes
-from torchfit.memory import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
+from torchfit.memory import MemoryEstimate
+from torchfit.memory.result import CATEGORIES, AffineEstimate, LayerMemory
 
 byte_counts = st.integers(min_value=0, max_value=2**42)
 estimates = st.builds(

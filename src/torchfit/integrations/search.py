@@ -21,14 +21,8 @@ import numpy as np
 import torch
 
 from torchfit._core.rng import kept_rng
-from torchfit.memory import (
-    GPU,
-    BatchSizeResult,
-    Margin,
-    MemoryEstimate,
-    SimulatedGPU,
-    find_batch_size,
-)
+from torchfit.memory import GPU, MemoryEstimate, find_batch_size
+from torchfit.memory.batch import BatchSizeResult, Margin, SimulatedGPU
 
 __all__ = [
     "Samples",

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchfit.memory import TrialOutcome, find_batch_size, simulate_gpu
+from torchfit.memory import find_batch_size, simulate_gpu
+from torchfit.memory.batch import TrialOutcome
 
 DATASET = 64  # Lightning's RandomDataset(32, 64): the largest batch a loader can give
 
