@@ -32,13 +32,8 @@ import torch
 from accelerate.utils import find_executable_batch_size
 
 from torchfit import format_bytes
-from torchfit.memory import (
-    AffineEstimate,
-    MemoryEstimate,
-    find_batch_size,
-    max_batch_size,
-    simulate_gpu,
-)
+from torchfit.memory import MemoryEstimate, find_batch_size, max_batch_size, simulate_gpu
+from torchfit.memory.result import AffineEstimate
 
 CARD = 64 * 2**20
 WEIGHTS = 4 * 2**20

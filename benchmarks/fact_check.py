@@ -25,7 +25,8 @@ from typing import Any
 
 from torchfit import quantize
 from torchfit._core.units import format_bytes
-from torchfit.memory import GPU, estimate, model_entry, to_device
+from torchfit.memory import GPU, estimate, to_device
+from torchfit.memory.catalog import model_entry
 from torchfit.memory.plan import resolve_budget
 from torchfit.memory.result import MemoryEstimate
 

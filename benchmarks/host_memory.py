@@ -45,7 +45,7 @@ from torchfit.host import (
     read_bytes_per_sample,
     worker_memory,
 )
-from torchfit.loaders import tune_loader
+from torchfit.loaders import tuned_loader_and_report
 from torchfit.loaders.machine import affinity_cpus
 
 MiB = 2**20
@@ -268,7 +268,7 @@ def feed(root: Path) -> None:
     print("| dataset | workers | predicted samples/s | measured samples/s | ratio | error |")
     print("|---|---|---|---|---|---|")
     decode = Decode()
-    _, report = tune_loader(decode, batch_size=16, time_budget=5.0)
+    _, report = tuned_loader_and_report(decode, batch_size=16, time_budget=5.0)
     # the benchmark's loop has no training step: every core may load (cores + 1)
     plan = feed_needs(report, batch_size=16, step_seconds=0.001, cores=cores + 1)
     for num in range(5):
@@ -285,7 +285,7 @@ def feed(root: Path) -> None:
     disk = measure_disk(root, size="512MiB", block="1MiB", threads=4)
     print(f"\n{disk}")
     dataset = Blocks(data, blocks)
-    _, report = tune_loader(dataset, batch_size=16, time_budget=5.0)
+    _, report = tuned_loader_and_report(dataset, batch_size=16, time_budget=5.0)
     cost = SampleCost.from_report(report, read_bytes=read_bytes_per_sample(dataset, samples=4))
     plan = feed_needs(cost, batch_size=16, step_seconds=0.001, cores=cores + 1, disk=disk)
     print(f"cost: {cost}")

@@ -12,7 +12,7 @@ tuner's): steady-state samples/s after the batches in flight at start-up, ``--se
 long; the median of ``--repeats`` rounds, each round measuring every configuration once
 in a shuffled order (background load drifts over all of them alike). The grid is
 num_workers x prefetch_factor.
-The script runs with one torch thread (see ``main``). ``tuned`` runs `tune_loader`
+The script runs with one torch thread (see ``main``). ``tuned`` runs `tuned_loader_and_report`
 ``--tune-runs`` times with its default 10 s budget and measures each chosen
 configuration like the others.
 
@@ -35,7 +35,7 @@ import torch
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset
 
-from torchfit.loaders import tune_loader
+from torchfit.loaders import tuned_loader_and_report
 from torchfit.loaders.machine import machine_budget
 
 GRID_WORKERS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -147,7 +147,7 @@ def tune(
     tuned = []
     for run_index in range(args.tune_runs):
         start = time.perf_counter()
-        _, report = tune_loader(dataset, batch_size=BATCH_SIZE, shuffle=True)
+        _, report = tuned_loader_and_report(dataset, batch_size=BATCH_SIZE, shuffle=True)
         cost = time.perf_counter() - start
         key = (report.chosen.num_workers, report.chosen.prefetch_factor)
         tuned.append((key, cost, len(report.trials)))
@@ -238,7 +238,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="timed seconds per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
     parser.add_argument("--confirm", type=int, default=5, help="re-measuring rounds")
-    parser.add_argument("--tune-runs", type=int, default=3, help="tune_loader runs per dataset")
+    parser.add_argument(
+        "--tune-runs", type=int, default=3, help="tuned_loader_and_report runs per dataset"
+    )
     parser.add_argument("--only", choices=("decode", "io"), help="one dataset only")
     parser.add_argument("--output", type=Path, help="write the markdown fragment here")
     parser.add_argument("--verbose", action="store_true", help="print each tuning report")

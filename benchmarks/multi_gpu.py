@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from torchfit.memory import describe, fits, gpu, model_config
+from torchfit.memory import fits, gpu
+from torchfit.memory.analytic import spec_from_config
+from torchfit.memory.catalog import model_config
 from torchfit.memory.sharding import deepspeed_zero_bytes
 
 WORLDS = (1, 2, 4, 8, 16, 32, 64)
@@ -59,7 +61,7 @@ def _plan_rows(args: argparse.Namespace, card_name: str) -> dict[str, list[float
 
 
 def _deepspeed_rows(model: str) -> tuple[dict[str, list[float]], int, int]:
-    spec = describe(model_config(model))
+    spec = spec_from_config(model_config(model))
     p = spec.num_params
     block = (p - spec.embedding_params - spec.head_params) // spec.num_layers
     largest = max(block, spec.embedding_params, spec.head_params)

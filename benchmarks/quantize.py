@@ -39,7 +39,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-from torchfit._bnb.selection import QuantSettings, make_plan
+from torchfit._bnb.selection import QuantSettings, select_layers
 from torchfit._core.units import format_bytes
 from torchfit.quantize import footprint, load_quantized, quantized_footprint, weights_footprint
 from torchfit.quantize import hf as _quantize_hf
@@ -269,8 +269,10 @@ def prework_seconds(path: Path, options: dict[str, object], *, skip: list[str]) 
     cls = _quantize_hf.model_class_for(config)
     dtype = _quantize_hf.load_dtype(config, {})
     settings = QuantSettings(**options)  # type: ignore[arg-type]
-    plan = make_plan(_quantize_hf.build_meta(config, cls, dtype), settings, skip) if skip else None
-    bnb_config(settings, plan, torch.float32)
+    selection = (
+        select_layers(_quantize_hf.build_meta(config, cls, dtype), settings, skip) if skip else None
+    )
+    bnb_config(settings, selection, torch.float32)
     return time.perf_counter() - start
 
 

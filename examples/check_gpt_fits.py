@@ -24,7 +24,7 @@ print(plan)
 
 # 2. The same step traced: the real transformers model built on the meta device (no
 #    memory), forward + loss + backward + AdamW run on fake tensors with CUDA's rules.
-gpt2 = memory.build_model("gpt2")
+gpt2 = memory.catalog.build_model("gpt2")
 ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
 traced = memory.trace(
     gpt2, {"input_ids": ids, "labels": ids}, autocast_dtype=torch.bfloat16, device="cuda"

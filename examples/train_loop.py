@@ -43,7 +43,7 @@ def train_step(amp, x, y):
 # 1. The batch size: real steps, model and optimizer restored after each trial (the trials
 #    get their own MixedPrecision, so the real run's loss scale and counters start fresh).
 @torchfit.find_batch_size(
-    start=256, probe_upward=True, max_batch_size=len(dataset), restore=(model, optimizer)
+    start=256, probe_upward=True, batch_limit=len(dataset), restore=(model, optimizer)
 )
 def probe(batch_size):
     x, y = dataset[:batch_size]

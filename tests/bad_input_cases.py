@@ -45,7 +45,7 @@ from bad_inputs import (
     Kind,
 )
 from torchfit import precision, quantize
-from torchfit.loaders import check_shm, diagnose, tune_loader, tuned_loader
+from torchfit.loaders import check_shm, diagnose, tuned_loader, tuned_loader_and_report
 
 #: Records torchfit builds and returns (results, reports, enums): users read them.
 RECORDS = frozenset({
@@ -198,7 +198,7 @@ _TOP: list[Case] = [
             "start": COUNT,
             "predict": Kind("predictor", (3, "line", 2.5, [1])),
             "budget": CAPACITY,
-            "max_batch_size": COUNT,
+            "batch_limit": COUNT,
             "probe_upward": FLAG,
             "effective_batch_size": COUNT,
             "margin": FRACTION,
@@ -221,8 +221,8 @@ _TOP: list[Case] = [
         kinds={"fn": CALLABLE, "args": FREE, "track": FREE, "device": DEVICE, "kwargs": FREE},
     ),
     Case(
-        "tune_loader",
-        lambda: tune_loader,
+        "tuned_loader_and_report",
+        lambda: tuned_loader_and_report,
         kwargs={"dataset": LOADER, "batch_size": 2, "time_budget": 0.2, "max_workers": 0},
         kinds={
             "dataset": Kind("dataset", (3, 2.5, None, True)),

@@ -33,8 +33,8 @@ def tiny() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 
 
-def line() -> memory.AffineEstimate:
-    return memory.AffineEstimate(
+def line() -> memory.result.AffineEstimate:
+    return memory.result.AffineEstimate(
         memory.MemoryEstimate(weights=1000), memory.MemoryEstimate(activations=10)
     )
 
@@ -65,7 +65,7 @@ def mp_backward():
 
 
 def allocated():
-    allocator = memory.CachingAllocator()
+    allocator = memory.allocator.CachingAllocator()
     handle = allocator.malloc(1024)
     return lambda handle=handle: allocator.free(handle)
 

@@ -52,7 +52,7 @@ MEMORY: list[Case] = [
     # -- torchfit.memory: estimate ----------------------------------------------------------
     Case(
         "AffineEstimate",
-        lambda: memory.AffineEstimate,
+        lambda: memory.result.AffineEstimate,
         kwargs={"fixed": RECORD, "per_sample": memory.MemoryEstimate(activations=10)},
         kinds={
             "fixed": Kind("estimate", (3, None, "1GB")),
@@ -66,8 +66,8 @@ MEMORY: list[Case] = [
         kinds={"batch_size": NON_NEGATIVE},
     ),
     Case(
-        "AffineEstimate.max_batch_size",
-        lambda: line().max_batch_size,
+        "AffineEstimate.batch_within",
+        lambda: line().batch_within,
         kwargs={"budget_bytes": 2000},
         kinds={"budget_bytes": NON_NEGATIVE},
     ),
@@ -86,7 +86,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "attention_bytes",
-        lambda: memory.attention_bytes,
+        lambda: memory.analytic.attention_bytes,
         kwargs={"batch_size": 2, "seq_len": 16, "num_heads": 2, "head_dim": 8},
         kinds={
             "batch_size": COUNT,
@@ -103,14 +103,14 @@ MEMORY: list[Case] = [
         },
     ),
     Case(
-        "describe",
-        lambda: memory.describe,
-        kwargs={"config": memory.model_config("gpt2")},
+        "spec_from_config",
+        lambda: memory.analytic.spec_from_config,
+        kwargs={"config": memory.catalog.model_config("gpt2")},
         kinds={"config": Kind("config", (3, None, "", 2.5, [1]))},
     ),
     Case(
         "kv_cache_bytes",
-        lambda: memory.kv_cache_bytes,
+        lambda: memory.analytic.kv_cache_bytes,
         kwargs={"batch_size": 2, "seq_len": 16, "num_layers": 2, "num_kv_heads": 2, "head_dim": 8},
         kinds={
             "batch_size": COUNT,
@@ -124,13 +124,13 @@ MEMORY: list[Case] = [
     ),
     Case(
         "kv_cache_bytes_for",
-        lambda: memory.kv_cache_bytes_for,
+        lambda: memory.analytic.kv_cache_bytes_for,
         kwargs={"config": "gpt2", "batch_size": 2, "seq_len": 16},
         kinds={"config": MODEL, "batch_size": COUNT, "seq_len": COUNT, "dtype": DTYPE},
     ),
     Case(
         "model_state_bytes",
-        lambda: memory.model_state_bytes,
+        lambda: memory.analytic.model_state_bytes,
         kwargs={"params": 1000},
         kinds={
             "params": NON_NEGATIVE,
@@ -146,7 +146,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "optimizer_state_bytes",
-        lambda: memory.optimizer_state_bytes,
+        lambda: memory.analytic.optimizer_state_bytes,
         kwargs={"optimizer": "adamw", "trainable": 1000, "param_dtype": torchfit.DType.FP32},
         kinds={
             "optimizer": NAME,
@@ -166,7 +166,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "trace_events",
-        lambda: memory.trace_events,
+        lambda: memory.tracing.trace_events,
         kwargs={"model": tiny(), "example_inputs": torch.randn(2, 8), "optimizer": "sgd"},
         kinds=TRACED,
     ),
@@ -203,26 +203,26 @@ MEMORY: list[Case] = [
     ),
     Case(
         "live_bytes",
-        lambda: memory.live_bytes,
+        lambda: memory.measure.live_bytes,
         args=(torch.zeros(2),),
         kinds={"objects": FREE, "device": DEVICE},
     ),
     # -- batch size ----------------------------------------------------------------------------
     Case(
         "Margin",
-        lambda: memory.Margin,
+        lambda: memory.batch.Margin,
         kwargs={"fraction": 0.1},
         kinds={"fraction": FRACTION, "reserve": NON_NEGATIVE},
     ),
     Case(
         "Margin.usable",
-        lambda: memory.Margin(0.1).usable,
+        lambda: memory.batch.Margin(0.1).usable,
         kwargs={"budget_bytes": 1000},
         kinds={"budget_bytes": NON_NEGATIVE},
     ),
     Case(
         "is_oom",
-        lambda: memory.is_oom,
+        lambda: memory.batch.is_oom,
         kwargs={"exc": RuntimeError("x")},
         kinds={"exc": Kind("exception", (3, "out of memory", None, RuntimeError))},
     ),
@@ -239,7 +239,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "solve_batch_size",
-        lambda: memory.solve_batch_size,
+        lambda: memory.batch.solve_batch_size,
         kwargs={"line": line(), "budget_bytes": 2000},
         kinds={
             "line": Kind("line", (3, "line", None, 2.5, RECORD)),
@@ -250,19 +250,19 @@ MEMORY: list[Case] = [
     # -- catalog --------------------------------------------------------------------------------
     Case(
         "build_model",
-        lambda: memory.build_model,
+        lambda: memory.catalog.build_model,
         kwargs={"model": "gpt2"},
         kinds={"model": MODEL, "device": DEVICE, "dtype": DTYPE, "task": NAME},
     ),
     Case(
         "count_parameters",
-        lambda: memory.count_parameters,
+        lambda: memory.catalog.count_parameters,
         kwargs={"model": tiny()},
         kinds={"model": MODULE, "trainable_only": FLAG},
     ),
     Case(
         "current_gpu",
-        lambda: memory.current_gpu,
+        lambda: memory.gpus.current_gpu,
         kwargs={"device": 0},
         base_raises=None if torch.cuda.is_available() else RuntimeError,
         kinds={"device": Kind("device", ("tpu", "", -1, 2.5, True, [0]))},
@@ -271,15 +271,20 @@ MEMORY: list[Case] = [
     Case("list_models", lambda: memory.list_models, kinds={"task": NAME}),
     Case(
         "model_config",
-        lambda: memory.model_config,
+        lambda: memory.catalog.model_config,
         kwargs={"model": "gpt2"},
         kinds={"model": MODEL, "trust_remote_code": FLAG},
     ),
-    Case("model_entry", lambda: memory.model_entry, kwargs={"name": "gpt2"}, kinds={"name": MODEL}),
+    Case(
+        "model_entry",
+        lambda: memory.catalog.model_entry,
+        kwargs={"name": "gpt2"},
+        kinds={"name": MODEL},
+    ),
     # -- allocator -----------------------------------------------------------------------------
     Case(
         "CachingAllocator",
-        lambda: memory.CachingAllocator,
+        lambda: memory.allocator.CachingAllocator,
         kwargs={"capacity": 2**30},
         kinds={
             "capacity": Kind("capacity", (0, -1, 2.5, NAN, "1GB", True)),
@@ -290,24 +295,24 @@ MEMORY: list[Case] = [
     ),
     Case(
         "CachingAllocator.malloc",
-        lambda: memory.CachingAllocator().malloc,
+        lambda: memory.allocator.CachingAllocator().malloc,
         kwargs={"nbytes": 1024},
         kinds={"nbytes": NON_NEGATIVE},
     ),
     Case(
         "CachingAllocator.free",
         allocated,
-        spec=memory.CachingAllocator.free,
+        spec=memory.allocator.CachingAllocator.free,
         kinds={"handle": Kind("handle", (-1, 2.5, "0", None, 99))},
     ),
     Case(
         "cublas_workspace_bytes",
-        lambda: memory.cublas_workspace_bytes,
+        lambda: memory.allocator.cublas_workspace_bytes,
         kinds={"compute_capability": Kind("capability", ("", "x.y", (-1, 0), True, [], NAN))},
     ),
     Case(
         "cuda_context_bytes",
-        lambda: memory.cuda_context_bytes,
+        lambda: memory.allocator.cuda_context_bytes,
         kinds={
             "gpu": Kind("gpu", ("", 42, 2.5, True, [1])),
             "lazy_loading": FLAG,
@@ -316,13 +321,13 @@ MEMORY: list[Case] = [
     ),
     Case(
         "measure_cuda_context",
-        lambda: memory.measure_cuda_context,
+        lambda: memory.allocator.measure_cuda_context,
         base_raises=None if torch.cuda.is_available() else RuntimeError,
         kinds={"device": Kind("device", ("", -1, 2.5, True, [1], NAN))},
     ),
     Case(
         "replay",
-        lambda: memory.replay,
+        lambda: memory.allocator.replay,
         kwargs={"events": EVENTS},
         kinds={
             "events": Kind("events", (3, None, [("a", -1)], [("a", 2.5)], [(1, 2, 3)])),
@@ -334,13 +339,13 @@ MEMORY: list[Case] = [
     ),
     Case(
         "round_request",
-        lambda: memory.round_request,
+        lambda: memory.allocator.round_request,
         kwargs={"nbytes": 1000},
         kinds={"nbytes": NON_NEGATIVE, "roundup_power2_divisions": NON_NEGATIVE},
     ),
     Case(
         "segment_size",
-        lambda: memory.segment_size,
+        lambda: memory.allocator.segment_size,
         kwargs={"nbytes": 1000},
         kinds={"nbytes": NON_NEGATIVE},
     ),
@@ -363,7 +368,7 @@ MEMORY: list[Case] = [
     # -- several GPUs ----------------------------------------------------------------------------
     Case(
         "deepspeed_zero_bytes",
-        lambda: memory.deepspeed_zero_bytes,
+        lambda: memory.sharding.deepspeed_zero_bytes,
         kwargs={"params": 1000, "world_size": 2, "stage": 2},
         kinds={
             "params": NON_NEGATIVE,
@@ -376,7 +381,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "min_gpus",
-        lambda: memory.min_gpus,
+        lambda: memory.sharding.min_gpus,
         kwargs={"estimate": RECORD, "gpu_memory_bytes": 6000, "strategy": "fsdp", "params": 1000},
         kinds=SHARD | {"gpu_memory_bytes": Kind("bytes", (0, -1, 2.5, NAN, "6000", True))},
     ),
@@ -394,7 +399,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "parse_strategy",
-        lambda: memory.parse_strategy,
+        lambda: memory.sharding.parse_strategy,
         kwargs={"value": "fsdp"},
         kinds={"value": NAME},
         names={"value": ("strategy",)},
@@ -407,7 +412,7 @@ MEMORY: list[Case] = [
     ),
     Case(
         "evaluate_device_map",
-        lambda: memory.evaluate_device_map,
+        lambda: memory.device_map.evaluate_device_map,
         kwargs={"model": "gpt2", "device_map": {"": 0}, "gpus": ["RTX 3060"], "seq_len": 64},
         kinds=DEVICE_MAP | {"device_map": Kind("device map", (3, None, "auto", [0], {"": -1}))},
     ),

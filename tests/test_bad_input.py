@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from bad_input_cases import CASES, RECORDS
 
 PACKAGES = ["torchfit", "torchfit.memory", "torchfit.precision", "torchfit.loaders",
-            "torchfit.quantize"]  # fmt: skip
+            "torchfit.quantize", "torchfit.memory.device_map", "torchfit.memory.gpus",
+            "torchfit.memory.measure", "torchfit.memory.result",
+            "torchfit.memory.sharding"]  # fmt: skip
 PAIRS = [(case, name) for case in CASES for name, kind in case.kinds.items() if kind is not None]
 
 

@@ -23,6 +23,23 @@ PUBLIC_PACKAGES = [
     "torchfit.host",
     "torchfit.speed",
 ]
+#: The stages of torchfit.memory: each exports its own public names beyond the few that
+#: torchfit.memory re-exports.
+MEMORY_STAGES = [
+    f"torchfit.memory.{stage}"
+    for stage in (
+        "allocator",
+        "analytic",
+        "batch",
+        "catalog",
+        "device_map",
+        "gpus",
+        "modules",
+        "plan",
+        "sharding",
+        "tracing",
+    )
+]
 
 SRC = pathlib.Path(torchfit.__file__).parent
 
@@ -32,7 +49,8 @@ def _public_names(package):
 
 
 @pytest.mark.parametrize(
-    ("package", "name"), [pair for pkg in PUBLIC_PACKAGES for pair in _public_names(pkg)]
+    ("package", "name"),
+    [pair for pkg in PUBLIC_PACKAGES + MEMORY_STAGES for pair in _public_names(pkg)],
 )
 def test_every_exported_name_exists_is_public_and_has_a_public_home(package, name):
     module = importlib.import_module(package)
@@ -63,6 +81,25 @@ def test_memory_all_is_grouped_by_comment():
     assert groups[:4] == ["plan", "estimate", "trace", "measure"]
     assert {"catalog", "allocator", "several GPUs"} <= set(groups)
     assert any(isinstance(node, ast.Assign) for node in tree.body)
+
+
+def test_torchfit_memory_exports_only_what_most_runs_need():
+    assert len(torchfit.memory.__all__) <= 20, (
+        "torchfit.memory exports the names most runs need; export the others from their "
+        "stage (torchfit.memory.batch, .allocator, ...)"
+    )
+
+
+def test_no_public_name_means_two_things():
+    meanings: dict[str, set[str]] = {}
+    for package in PUBLIC_PACKAGES + MEMORY_STAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            where = getattr(obj, "__module__", package) if callable(obj) else package
+            meanings.setdefault(name, set()).add(f"{where}.{getattr(obj, '__qualname__', name)}")
+    twice = {name: sorted(homes) for name, homes in meanings.items() if len(homes) > 1}
+    assert twice == {}, "one name, one meaning: rename one of them"
 
 
 def _all_modules():

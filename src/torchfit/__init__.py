@@ -7,7 +7,7 @@ and matplotlib load when a function that needs them is called.
 from torchfit import host, loaders, memory, precision, quantize, speed
 from torchfit._core.units import DType, format_bytes, parse_bytes, parse_dtype
 from torchfit.host import host_fits
-from torchfit.loaders import diagnose, tune_loader, tuned_loader
+from torchfit.loaders import diagnose, tuned_loader, tuned_loader_and_report
 from torchfit.memory import (
     GPU,
     MemoryEstimate,
@@ -57,6 +57,6 @@ __all__ = [
     "simulate_gpu",
     "speed",
     "step_time",
-    "tune_loader",
     "tuned_loader",
+    "tuned_loader_and_report",
 ]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchfit._bnb.layout import BLOCKSIZE, held_bytes, linear4bit_tensors, linear8bit_bytes
-from torchfit._bnb.selection import Plan, QuantSettings, make_plan, out_in
+from torchfit._bnb.selection import LayerSelection, QuantSettings, out_in, select_layers
 from torchfit._core.tensors import reachable_tensors
 from torchfit.quantize.result import Footprint, FootprintRow, summarize
 
@@ -88,13 +88,13 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def legacy_predict(
     model: nn.Module,
-    plan: Plan,
+    selection: LayerSelection,
     settings: QuantSettings,
     *,
     device: str,
     cpu_packed: bool = False,
 ) -> Footprint:
-    chosen = set(plan.quantize)
+    chosen = set(selection.quantize)
     seen: set[tuple[str, int]] = set()
     rows: list[FootprintRow] = []
     packed_layers = 0
@@ -127,7 +127,7 @@ def legacy_predict(
             qbytes += held_bytes(weight, device)
             scales += sum(held_bytes(p, device) for p in parts)
         rows.append(FootprintRow(kind, 1, params, qbytes, scales, other, qparams))
-    notes = [f"left unquantized by the skip list: {', '.join(plan.skip) or 'nothing'}"]
+    notes = [f"left unquantized by the skip list: {', '.join(selection.skip) or 'nothing'}"]
     if device == "cuda":
         notes.append("every tensor rounded up to the CUDA allocator's 512-byte blocks")
     if cpu_packed and settings.bits == 4:
@@ -236,7 +236,7 @@ def legacy_measure(model: nn.Module) -> Footprint:
 def legacy_tensor_bytes(
     model: nn.Module, settings: QuantSettings | None
 ) -> dict[str, tuple[int, torch.Tensor]]:
-    chosen = set(make_plan(model, settings, ()).quantize) if settings is not None else set()
+    chosen = set(select_layers(model, settings, ()).quantize) if settings is not None else set()
     seen: set[int] = set()
     sizes: dict[str, tuple[int, torch.Tensor]] = {}
     for prefix, module in model.named_modules():

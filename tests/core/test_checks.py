@@ -7,8 +7,8 @@ import pytest
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
-from torchfit.memory import kv_cache_bytes
 from torchfit.memory.allocator import CachingAllocator, round_request, segment_size
+from torchfit.memory.analytic import kv_cache_bytes
 
 
 @checks.arguments(batch_size=checks.whole(at_least=1))

@@ -29,7 +29,7 @@ from core.legacy_counters import (
     legacy_proxy_model,
     legacy_tensor_bytes,
 )
-from torchfit._bnb.selection import QuantSettings, make_plan
+from torchfit._bnb.selection import QuantSettings, select_layers
 from torchfit.memory.catalog.count import count_parameters
 from torchfit.memory.device_map.sizes import proxy_model, tensor_bytes
 from torchfit.memory.measure import live_bytes
@@ -105,12 +105,12 @@ def _footprint_cases(net):
     for bits, double_quant in ((4, True), (4, False), (8, False)):
         quant = QuantSettings(bits=bits, double_quant=double_quant)
         try:
-            plan = make_plan(net, quant, ())
+            selection = select_layers(net, quant, ())
         except ValueError:  # nothing left to quantize in this model
             continue
         for device in ("cpu", "cuda"):
             for cpu_packed in (False, True):
-                yield plan, quant, device, cpu_packed
+                yield selection, quant, device, cpu_packed
 
 
 def _structure(net):
@@ -136,9 +136,9 @@ def _check_every_counter(net, opt, *, real):
         for cast in (None, torch.bfloat16):
             new_rows = predict_unquantized(net, device=device, cast=cast)
             assert new_rows == legacy_predict_unquantized(net, device=device, cast=cast)
-    for plan, quant, device, packed in _footprint_cases(net):
-        new_rows = predict(net, plan, quant, device=device, cpu_packed=packed)
-        assert new_rows == legacy_predict(net, plan, quant, device=device, cpu_packed=packed)
+    for selection, quant, device, packed in _footprint_cases(net):
+        new_rows = predict(net, selection, quant, device=device, cpu_packed=packed)
+        assert new_rows == legacy_predict(net, selection, quant, device=device, cpu_packed=packed)
     for quant in (None, QuantSettings(bits=4), QuantSettings(bits=8)):
         try:
             new_sizes = tensor_bytes(net, quant)

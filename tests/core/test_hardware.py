@@ -80,7 +80,7 @@ def test_no_device_means_the_same_device_everywhere(monkeypatch, cuda):
 def test_a_bad_device_gets_one_message_everywhere():
     from torch.utils.data import TensorDataset
 
-    from torchfit.loaders import tune_loader
+    from torchfit.loaders import tuned_loader_and_report
 
     with pytest.raises(ValueError, match="device must be") as core:
         hardware.parse_device("gpu0")
@@ -88,7 +88,7 @@ def test_a_bad_device_gets_one_message_everywhere():
         choose_precision("fp32", device="gpu0")
     data = TensorDataset(torch.arange(4.0))
     with pytest.raises(ValueError, match="device must be") as loaders:
-        tune_loader(data, batch_size=2, time_budget=0.5, num_workers=0, device="gpu0")
+        tuned_loader_and_report(data, batch_size=2, time_budget=0.5, num_workers=0, device="gpu0")
     assert str(precision.value) == str(core.value) == str(loaders.value)
     assert "'gpu0'" in str(core.value)
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from torchfit._core.rng import kept_rng
-from torchfit.memory import measure_step, trace, trace_events
+from torchfit.memory import measure_step, trace
+from torchfit.memory.tracing import trace_events
 
 
 class Noisy(nn.Module):

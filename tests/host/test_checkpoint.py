@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchfit.host import CheckpointFormat, imagine_checkpoint, read_checkpoint
-from torchfit.memory import build_model
+from torchfit.memory.catalog import build_model
 
 
 def test_read_single_safetensors_matches_the_models_tensors(checkpoints):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from torchfit.host import LoadSpec, load_memory, measure_load, read_checkpoint
 from torchfit.host.loading import predict_load
-from torchfit.memory import build_model
+from torchfit.memory.catalog import build_model
 
 MiB = 2**20
 

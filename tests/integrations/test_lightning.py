@@ -328,11 +328,11 @@ def test_pytorch_lightning_trainers_take_the_same_callback():
         ({"margin": 1.5}, ValueError, r"margin=1.5\): Margin.fraction must be in \[0, 1\)"),
         ({"margin": "x"}, TypeError, r"margin='x'\): margin must be a fraction such as 0.1"),
         (
-            {"max_batch_size": 0},
+            {"batch_limit": 0},
             ValueError,
-            r"max_batch_size=0\): max_batch_size must be >= 1; got 0",
+            r"batch_limit=0\): batch_limit must be >= 1; got 0",
         ),
-        ({"max_batch_size": 2.5}, TypeError, r"max_batch_size=2.5\): expected a whole number"),
+        ({"batch_limit": 2.5}, TypeError, r"batch_limit=2.5\): expected a whole number"),
         ({"batch_arg_name": "batch size"}, TypeError, r"batch_arg_name='batch size'\): expected"),
     ],
 )

@@ -10,7 +10,8 @@ import torch
 
 from torchfit._core.rng import kept_rng
 from torchfit.integrations.search import Samples, SearchPlan, check_options, run_search
-from torchfit.memory import Margin, MemoryEstimate, simulate_gpu
+from torchfit.memory import MemoryEstimate, simulate_gpu
+from torchfit.memory.batch import Margin
 
 
 def pad(samples):
@@ -67,7 +68,7 @@ def test_rngs_are_kept():
         ),
         ({"budget": object()}, TypeError, r"^X\(budget=<object.*expected bytes"),
         ({"budget": float("nan")}, ValueError, r"^X\(budget=nan\): a budget must be more than 0"),
-        ({"margin": Margin(0.1), "max_batch_size": True}, TypeError, r"max_batch_size=True"),
+        ({"margin": Margin(0.1), "batch_limit": True}, TypeError, r"batch_limit=True"),
     ],
 )
 def test_options_are_checked_with_the_value_and_the_fix(options, error, message):
@@ -76,7 +77,7 @@ def test_options_are_checked_with_the_value_and_the_fix(options, error, message)
 
 
 def test_good_options_pass():
-    check_options("X", budget="8GiB", margin=Margin(0.2, reserve=1), max_batch_size=64)
+    check_options("X", budget="8GiB", margin=Margin(0.2, reserve=1), batch_limit=64)
     check_options("X", budget="RTX 4090", margin=0.1)
     check_options("X", budget=simulate_gpu("1MiB"), margin=None)
 

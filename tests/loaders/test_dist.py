@@ -35,7 +35,7 @@ from torch.utils.data import (
 
 from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
 from torchfit.loaders import dist as _loaders_dist
-from torchfit.loaders import tune_loader, tuned_loader
+from torchfit.loaders import tuned_loader, tuned_loader_and_report
 from torchfit.loaders.dist import Ranks, check_shuffle_with_sampler, current_ranks, shard
 
 N = 23  # divisible by neither world size
@@ -123,7 +123,7 @@ def _rank_results(world, rank):
     dataset = RangeData(N)
     out = {}
     for shuffle, drop_last in CASES:
-        loader, report = tune_loader(
+        loader, report = tuned_loader_and_report(
             dataset,
             batch_size=BATCH,
             shuffle=shuffle,
@@ -168,7 +168,7 @@ def _rank_results(world, rank):
         "epochs": _two_epochs(loader, user),
         "plain": _two_epochs(plain, plain_sampler),
     }
-    _, report = tune_loader(Stream(), batch_size=4, time_budget=BUDGET, num_workers=0)
+    _, report = tuned_loader_and_report(Stream(), batch_size=4, time_budget=BUDGET, num_workers=0)
     out["iterable_reasons"] = list(report.reasons)
     return out
 
@@ -357,7 +357,7 @@ def test_not_distributed_is_unchanged():
     plan = shard(RangeData(N), shuffle=True, kwargs=kwargs)
     assert plan.kwargs is kwargs
     assert (plan.shuffle, plan.ranks, plan.sampler_args, plan.notes) == (True, None, None, ())
-    loader, report = tune_loader(
+    loader, report = tuned_loader_and_report(
         RangeData(N), batch_size=BATCH, shuffle=True, time_budget=BUDGET, num_workers=0
     )
     assert type(loader.sampler) is RandomSampler
@@ -390,7 +390,7 @@ def test_shuffle_with_a_sampler_is_a_clear_error(sampler, match):
 def test_given_samplers_are_kept_and_noted():
     sequential = SequentialSampler(range(N))
     with _as_rank(2, 0):
-        loader, report = tune_loader(
+        loader, report = tuned_loader_and_report(
             RangeData(N), batch_size=BATCH, sampler=sequential, time_budget=BUDGET, num_workers=0
         )
         batches = BatchSampler(SequentialSampler(range(N)), BATCH, drop_last=False)

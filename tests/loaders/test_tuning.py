@@ -34,10 +34,10 @@ from torchfit.loaders import (
     LoaderWarning,
     check_shm,
     diagnose,
-    tune_loader,
     tuned_loader,
+    tuned_loader_and_report,
 )
-from torchfit.loaders.checks import fingerprint, python_objects
+from torchfit.loaders.hazards import fingerprint, python_objects
 from torchfit.loaders.machine import (
     MachineBudget,
     cgroup_cpu_limit,
@@ -178,7 +178,9 @@ def children():
 
 
 def test_returns_plain_dataloader_and_a_readable_report():
-    loader, report = tune_loader(RangeData(64), batch_size=8, time_budget=1.5, max_workers=2)
+    loader, report = tuned_loader_and_report(
+        RangeData(64), batch_size=8, time_budget=1.5, max_workers=2
+    )
     assert type(loader) is DataLoader
     assert isinstance(report, LoaderReport)
     assert loader.num_workers == report.chosen.num_workers
@@ -197,7 +199,7 @@ def test_returns_plain_dataloader_and_a_readable_report():
 
 
 def test_report_is_frozen():
-    _, report = tune_loader(RangeData(8), batch_size=4, time_budget=0.5, num_workers=0)
+    _, report = tuned_loader_and_report(RangeData(8), batch_size=4, time_budget=0.5, num_workers=0)
     with pytest.raises(AttributeError):
         report.chosen = LoaderConfig()
 
@@ -339,7 +341,7 @@ def test_user_collate_and_sampler_objects_are_kept():
 
 
 def test_fixed_knobs_are_honoured_and_not_tuned():
-    loader, report = tune_loader(
+    loader, report = tuned_loader_and_report(
         RangeData(32),
         batch_size=4,
         time_budget=0.5,
@@ -419,7 +421,7 @@ def test_worker_seeder_unwraps_instead_of_nesting():
 
 def test_no_worker_process_is_left_behind():
     before = children()
-    loader, report = tune_loader(
+    loader, report = tuned_loader_and_report(
         SleepyData(64, 0.002), batch_size=4, time_budget=1.5, max_workers=2
     )
     assert any(t.config.num_workers > 0 for t in report.trials)  # workers were started
@@ -438,7 +440,7 @@ def test_probe_leaves_rng_sampler_and_dataset_state_as_found():
     states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())  # noqa: NPY002
     gen_state = user_gen.get_state()
     attributes = dict(vars(dataset))
-    tune_loader(
+    tuned_loader_and_report(
         dataset, batch_size=4, shuffle=True, generator=user_gen, time_budget=1.0, max_workers=2
     )
     assert random.getstate() == states[0]
@@ -450,7 +452,7 @@ def test_probe_leaves_rng_sampler_and_dataset_state_as_found():
 
 def test_time_budget_is_honoured():
     start = time.perf_counter()
-    _, report = tune_loader(SleepyData(10_000, 0.01), batch_size=4, time_budget=1.5)
+    _, report = tuned_loader_and_report(SleepyData(10_000, 0.01), batch_size=4, time_budget=1.5)
     wall = time.perf_counter() - start
     assert report.tuning_seconds <= 2.5
     assert wall <= 2.5
@@ -462,7 +464,7 @@ def test_a_failing_worker_configuration_is_reported_not_raised():
         LoaderWarning,
         match=r"workers? failed: OSError: handle not valid in a worker \(in a worker\)",
     ):
-        loader, report = tune_loader(
+        loader, report = tuned_loader_and_report(
             MainProcessOnly(64), batch_size=4, time_budget=1.5, max_workers=2
         )
     assert loader.num_workers == 0
@@ -475,7 +477,7 @@ def test_a_failing_worker_configuration_is_reported_not_raised():
 
 def test_unsharded_iterable_dataset_is_detected_and_kept_to_one_worker():
     with pytest.warns(LoaderWarning, match="does not shard itself across workers"):
-        loader, report = tune_loader(
+        loader, report = tuned_loader_and_report(
             UnshardedStream(24), batch_size=4, time_budget=2.0, max_workers=4
         )
     assert report.chosen.num_workers <= 1
@@ -483,12 +485,14 @@ def test_unsharded_iterable_dataset_is_detected_and_kept_to_one_worker():
 
 
 def test_sharded_iterable_dataset_raises_no_warning():
-    _, report = tune_loader(ShardedStream(64), batch_size=4, time_budget=1.0, max_workers=2)
+    _, report = tuned_loader_and_report(
+        ShardedStream(64), batch_size=4, time_budget=1.0, max_workers=2
+    )
     assert report.warnings == ()
 
 
 def test_iterable_with_drop_last_uses_at_most_one_worker():
-    loader, report = tune_loader(
+    loader, report = tuned_loader_and_report(
         ShardedStream(30), batch_size=4, drop_last=True, time_budget=1.0, max_workers=4
     )
     assert loader.num_workers <= 1
@@ -575,7 +579,9 @@ def test_local_world_size_from_an_initialized_process_group(tmp_path, monkeypatc
 def test_too_small_shm_is_reported_and_workers_avoided(monkeypatch):
     monkeypatch.setattr(machine_mod, "shm_free_bytes", lambda: 12 * 2**10)
     with pytest.warns(LoaderWarning, match="/dev/shm is too small"):  # noqa: S108
-        loader, report = tune_loader(WideData(64), batch_size=4, time_budget=1.0, max_workers=4)
+        loader, report = tuned_loader_and_report(
+            WideData(64), batch_size=4, time_budget=1.0, max_workers=4
+        )
     assert loader.num_workers == 0  # 4 KiB batches x prefetch 2 do not fit in 6 KiB
     assert report.batch_bytes == 4 * 1024
     assert all(t.config.num_workers == 0 for t in report.trials)
@@ -619,7 +625,7 @@ def test_check_shm_is_the_worker_limit(share, workers, prefetch, batch):
 
 @pytest.mark.parametrize("spare", [-1, 0, 1])
 def test_the_search_warns_exactly_when_check_shm_does(monkeypatch, spare):
-    """tune_loader's /dev/shm limit and check_shm are one rule: same verdict, same words."""
+    """The tuning's /dev/shm limit and check_shm are one rule: same verdict, same words."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE", raising=False)
     batch = 4 * 1024  # 4 samples of WideData
@@ -631,7 +637,9 @@ def test_the_search_warns_exactly_when_check_shm_does(monkeypatch, spare):
     assert (expected is None) is (spare >= 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, report = tune_loader(WideData(16), batch_size=4, time_budget=0.5, num_workers=2)
+        _, report = tuned_loader_and_report(
+            WideData(16), batch_size=4, time_budget=0.5, num_workers=2
+        )
     assert report.batch_bytes == batch
     shm = [str(w.message) for w in caught if "/dev/shm" in str(w.message)]  # noqa: S108
     assert shm == ([] if expected is None else [expected])
@@ -659,7 +667,7 @@ def test_python_objects_copied_into_workers_are_warned_about():
 
 
 def test_cuda_device_without_cuda_does_not_pin():
-    _, report = tune_loader(
+    _, report = tuned_loader_and_report(
         RangeData(8), batch_size=4, device="cuda", time_budget=0.5, num_workers=0
     )
     if torch.cuda.is_available():
@@ -743,7 +751,7 @@ def test_fingerprint_tells_content_apart():
 
 
 def test_empty_dataset_yields_nothing_and_says_so():
-    loader, report = tune_loader(RangeData(0), batch_size=4, time_budget=0.5)
+    loader, report = tuned_loader_and_report(RangeData(0), batch_size=4, time_budget=0.5)
     assert list(loader) == []
     assert report.chosen.num_workers == 0
     assert any("no batch" in reason for reason in report.reasons)

@@ -6,8 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from torchfit.memory import estimate, measure_step, model_config
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory import estimate, measure_step
+from torchfit.memory.analytic.arch import spec_from_config
+from torchfit.memory.catalog import model_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -218,7 +219,7 @@ def test_parameter_counts_are_exact(config, cls):
     with torch.device("meta"):
         model = getattr(transformers, cls)(config)
     params = list(model.parameters())
-    spec = describe(config)
+    spec = spec_from_config(config)
     assert spec.num_params == sum(p.numel() for p in params)
     assert spec.num_tensors == len(params)
 
@@ -236,11 +237,11 @@ def test_parameter_counts_are_exact(config, cls):
 def test_catalog_names_have_exact_counts(name, count):
     from torchfit.memory.catalog import model_config
 
-    assert describe(model_config(name)).num_params == count
+    assert spec_from_config(model_config(name)).num_params == count
 
 
 def test_weights_bytes_are_exact_for_each_dtype():
-    spec = describe(transformers.GPT2Config())
+    spec = spec_from_config(transformers.GPT2Config())
     for dtype, elem in [("fp32", 4), ("bf16", 2), ("fp16", 2)]:
         e = estimate("gpt2", batch_size=1, seq_len=128, dtype=dtype, mode="inference")
         assert e.weights == spec.num_params * elem
@@ -389,7 +390,7 @@ def test_a_frozen_base_under_autocast_stays_in_its_checkpoint_dtype():
     common = dict(batch_size=1, seq_len=512, dtype="bf16", trainable_params=20_000_000)
     inferred = estimate("llama-2-7b", **common)  # Llama-2's config records float16
     fp32 = estimate("llama-2-7b", base_dtype="fp32", **common)
-    spec = describe(model_config("llama-2-7b"))
+    spec = spec_from_config(model_config("llama-2-7b"))
     frozen = spec.num_params - 20_000_000
     assert inferred.weights == frozen * 2 + 20_000_000 * 4
     assert fp32.weights == spec.num_params * 4

@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from torchfit.memory import estimate, measure_step, trace  # noqa: E402
-from torchfit.memory.analytic.arch import describe, has_closed_form  # noqa: E402
+from torchfit.memory.analytic.arch import has_closed_form, spec_from_config  # noqa: E402
 from torchfit.memory.catalog import build_model, count_parameters  # noqa: E402
 from torchfit.memory.catalog.build import experts_on_fake_tensors  # noqa: E402
 from torchfit.memory.catalog.inputs import example_batch  # noqa: E402
@@ -118,7 +118,7 @@ def test_a_tiny_mixtral_counts_every_expert():
     model = build_model(config, dtype="fp32")
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     assert experts == 2 * 4 * 3 * 64 * 128  # layers x experts x (gate, up, down) x h x i
-    spec = describe(config)
+    spec = spec_from_config(config)
     assert spec.num_params == count_parameters(model)
     assert spec.moe.expert_params * spec.num_layers == experts
     found = estimate(config, batch_size=BATCH, seq_len=SEQ, device="cpu")

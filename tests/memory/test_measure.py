@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchfit.memory import live_bytes, measure_peak, measure_step
+from torchfit.memory import measure_peak, measure_step
+from torchfit.memory.measure import live_bytes
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
 

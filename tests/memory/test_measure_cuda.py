@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from torchfit.memory import live_bytes, measure_peak, measure_step
+from torchfit.memory import measure_peak, measure_step
+from torchfit.memory.measure import live_bytes
 
 pytestmark = [
     pytest.mark.cuda,

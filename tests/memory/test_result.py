@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchfit._core.units import format_bytes
-from torchfit.memory import CATEGORIES, AffineEstimate, LayerMemory, MemoryEstimate
+from torchfit.memory import MemoryEstimate
+from torchfit.memory.result import CATEGORIES, AffineEstimate, LayerMemory
 
 byte_counts = st.integers(min_value=0, max_value=2**42)
 estimates = st.builds(
@@ -96,9 +97,9 @@ def test_layer_rows_scale_and_sort():
     st.integers(min_value=0, max_value=2**44),
 )
 @settings(max_examples=200, deadline=None)
-def test_affine_max_batch_size_is_the_largest_that_fits(fixed, per, budget):
+def test_affine_batch_within_is_the_largest_that_fits(fixed, per, budget):
     line = AffineEstimate(MemoryEstimate(weights=fixed), MemoryEstimate(activations=per))
-    n = line.max_batch_size(budget)
+    n = line.batch_within(budget)
     if fixed > budget:
         assert n == 0
     else:
@@ -108,7 +109,7 @@ def test_affine_max_batch_size_is_the_largest_that_fits(fixed, per, budget):
 def test_affine_rejects_flat_lines():
     line = AffineEstimate(MemoryEstimate(weights=1), MemoryEstimate())
     with pytest.raises(ValueError, match="does not grow"):
-        line.max_batch_size(100)
+        line.batch_within(100)
 
 
 @pytest.mark.parametrize("how", ["estimate", "trace", "activation_bytes"])

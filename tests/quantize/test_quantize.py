@@ -32,7 +32,7 @@ from torchfit._bnb.layout import (  # noqa: E402
     linear4bit_tensors,
     linear8bit_bytes,
 )
-from torchfit._bnb.selection import QuantSettings, make_plan  # noqa: E402
+from torchfit._bnb.selection import QuantSettings, select_layers  # noqa: E402
 from torchfit._core import hardware  # noqa: E402
 from torchfit.memory.catalog.build import instantiate, model_class_for  # noqa: E402
 from torchfit.quantize import (  # noqa: E402
@@ -341,7 +341,7 @@ def test_meta_build_skips_weight_init_and_puts_it_back(config):
         (n, p.shape, "meta") for n, p in reference.named_parameters()
     ]
     settings = QuantSettings(bits=4)
-    assert make_plan(meta, settings, ["mlp"]) == make_plan(reference, settings, ["mlp"])
+    assert select_layers(meta, settings, ["mlp"]) == select_layers(reference, settings, ["mlp"])
 
 
 def test_skip_names_are_checked_against_the_model(saved):

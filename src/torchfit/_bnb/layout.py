@@ -25,7 +25,7 @@ __all__ = [
     "linear4bit_bytes",
     "linear4bit_tensors",
     "linear8bit_bytes",
-    "quantized_weight_bytes",
+    "quantized_linear_bytes",
 ]
 
 #: Weights per 4-bit block: bitsandbytes ``quantize_4bit`` uses 64 when no blocksize is
@@ -141,7 +141,7 @@ def linear8bit_bytes(out_features: int, in_features: int) -> tuple[int, int]:
     return out_features * in_features, out_features * _FP32
 
 
-def quantized_weight_bytes(
+def quantized_linear_bytes(
     out_features: int,
     in_features: int,
     *,
@@ -158,11 +158,11 @@ def quantized_weight_bytes(
     (`held_bytes`).
 
     Example:
-        >>> quantized_weight_bytes(64, 64, bits=4, double_quant=False, device="cpu")
+        >>> quantized_linear_bytes(64, 64, bits=4, double_quant=False, device="cpu")
         (2048, 320)
-        >>> quantized_weight_bytes(64, 64, bits=4, double_quant=False, device="cuda")
+        >>> quantized_linear_bytes(64, 64, bits=4, double_quant=False, device="cuda")
         (2048, 1024)
-        >>> quantized_weight_bytes(64, 64, bits=8, double_quant=False, device="cuda")
+        >>> quantized_linear_bytes(64, 64, bits=8, double_quant=False, device="cuda")
         (4096, 512)
     """
     if bits == 8:

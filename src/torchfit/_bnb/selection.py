@@ -1,6 +1,6 @@
-"""Which layers get quantized: settings, the skip list and the plan.
+"""Which layers get quantized: settings, the skip list and the selection.
 
-`make_plan` decides, on a real or meta-device model, which ``nn.Linear``/``Conv1D`` layers
+`select_layers` decides, on a real or meta-device model, which ``nn.Linear``/``Conv1D`` layers
 bitsandbytes will replace: the default skip list (``lm_head``, tied embeddings, the last
 module) *merged with* the user's, each user name checked against the real module names.
 """
@@ -21,13 +21,13 @@ from torchfit._core import checks
 from torchfit._core.imports import require
 
 __all__ = [
-    "Plan",
+    "LayerSelection",
     "QuantSettings",
     "QuantType",
     "default_skip",
     "is_hf",
     "is_linear",
-    "make_plan",
+    "select_layers",
     "out_in",
     "skip_list",
     "skip_matches",
@@ -90,7 +90,7 @@ class QuantSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class LayerSelection:
     """The layers to quantize and the skip list transformers gets.
 
     Attributes:
@@ -165,7 +165,7 @@ def default_skip(model: nn.Module) -> list[str]:
     """The skip list transformers' bitsandbytes loading gives a transformers ``model``.
 
     The output head, tied embeddings, the module of the last parameter and the model's
-    ``_keep_in_fp32_modules`` (`make_plan` merges the user's entries into it).
+    ``_keep_in_fp32_modules`` (`select_layers` merges the user's entries into it).
     """
     return _hf_defaults(model)
 
@@ -222,13 +222,13 @@ def skip_list(skip_modules: Iterable[str]) -> list[str]:
     return list(skip_modules)
 
 
-def make_plan(
+def select_layers(
     model: nn.Module,
     settings: QuantSettings,
     skip_modules: Iterable[str],
     *,
     saved_skip: Iterable[str] = (),
-) -> Plan:
+) -> LayerSelection:
     """Decide which layers of ``model`` (real or on the meta device) get quantized.
 
     ``saved_skip`` is the skip list stored with a checkpoint saved quantized: transformers
@@ -271,4 +271,4 @@ def make_plan(
             f"{settings.bits}-bit replaces only nn.Linear/Conv1D layers; {fix}, or keep this "
             "model in 16-bit"
         )
-    return Plan(quantize=chosen, skip=skip, defaults=tuple(dict.fromkeys(defaults)))
+    return LayerSelection(quantize=chosen, skip=skip, defaults=tuple(dict.fromkeys(defaults)))

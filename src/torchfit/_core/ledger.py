@@ -133,7 +133,7 @@ def view_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int
 class Event(NamedTuple):
     """One allocator event: a storage allocated or freed, with its (rounded) bytes.
 
-    `torchfit.memory.trace_events` records them, `torchfit.memory.allocator.replay`
+    `torchfit.memory.tracing.trace_events` records them, `torchfit.memory.allocator.replay`
     replays them. ``id`` names the allocation; a resized storage gets a new one.
 
     Example:

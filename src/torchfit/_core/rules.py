@@ -281,7 +281,7 @@ def model() -> Rule:
     """
     fix = (
         "build the model first (an instance, not its class); for a name or a config use "
-        "torchfit.memory.estimate or torchfit.memory.build_model"
+        "torchfit.memory.estimate or torchfit.memory.catalog.build_model"
     )
 
     def check(name: str, value: Any) -> Any:

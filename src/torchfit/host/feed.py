@@ -66,7 +66,7 @@ class SampleCost:
 
     @classmethod
     def from_report(cls, report: LoaderReport, *, read_bytes: float = 0.0) -> SampleCost:
-        """From `torchfit.loaders.tune_loader`'s main-process baseline."""
+        """From `torchfit.loaders.tuned_loader_and_report`'s main-process baseline."""
         if not report.baseline_samples_per_s:
             raise ValueError(
                 "the report has no main-process baseline (num_workers was fixed by the "
@@ -151,7 +151,7 @@ def feed_needs(
 
     Args:
         cost: What one sample costs: a `SampleCost`, or the `LoaderReport` of
-            `torchfit.loaders.tune_loader` (its main-process baseline).
+            `torchfit.loaders.tuned_loader_and_report` (its main-process baseline).
         batch_size: Samples per step, per process.
         step_seconds: Seconds of one training step (GPU time; a number for now).
         cores: CPU cores of this process (``os.sched_getaffinity``; one goes to training).

@@ -32,7 +32,7 @@ def meta_model(model: Any) -> nn.Module:
     """
     if isinstance(model, nn.Module):
         return model
-    from torchfit.memory import build_model  # noqa: PLC0415 - transformers loads on use
+    from torchfit.memory.catalog import build_model  # noqa: PLC0415 - transformers loads on use
 
     return build_model(str(model) if isinstance(model, Path) else model)
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchfit.loaders.checks import dataset_attributes
+from torchfit.loaders.hazards import dataset_attributes
 
 __all__ = ["PAGE_BYTES", "PythonObjects", "cow_bytes", "copied_objects"]
 

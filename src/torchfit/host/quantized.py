@@ -15,8 +15,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from torchfit._bnb.layout import quantized_weight_bytes
-from torchfit._bnb.selection import QuantSettings, make_plan, out_in
+from torchfit._bnb.layout import quantized_linear_bytes
+from torchfit._bnb.selection import QuantSettings, out_in, select_layers
 
 __all__ = ["QuantizedWeight", "quantized_weights", "scratch_per_element"]
 
@@ -79,12 +79,12 @@ def quantized_weights(
         ('model.layers.0.mlp.down_proj.weight', 8448)
     """
     settings = QuantSettings(bits=bits, double_quant=double_quant and bits == 4)
-    plan = make_plan(model, settings, skip_modules)
+    selection = select_layers(model, settings, skip_modules)
     modules = dict(model.named_modules())
     out = {}
-    for name in plan.quantize:
+    for name in selection.quantize:
         out_f, in_f = out_in(modules[name])
-        weight, scales = quantized_weight_bytes(
+        weight, scales = quantized_linear_bytes(
             out_f, in_f, bits=bits, double_quant=settings.double_quant, device="cpu"
         )
         out[f"{name}.weight"] = QuantizedWeight(weight + scales, out_f * in_f)

@@ -31,14 +31,8 @@ from torchfit.integrations.search import (
     move_to,
     run_search,
 )
-from torchfit.memory import (
-    GPU,
-    BatchSizeResult,
-    Margin,
-    MemoryEstimate,
-    SimulatedGPU,
-    trace_step,
-)
+from torchfit.memory import GPU, MemoryEstimate, trace_step
+from torchfit.memory.batch import BatchSizeResult, Margin, SimulatedGPU
 
 __all__ = ["BatchSizeFinder"]
 
@@ -145,7 +139,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
         margin: A fraction of the budget to keep free, or a `Margin` (default: 7% on
             a card, 2% on a simulated one).
         batch_arg_name: The attribute that holds the batch size.
-        max_batch_size: Never choose more (the dataset's length is a cap too).
+        batch_limit: Never choose more (the dataset's length is a cap too).
 
     Attributes:
         result: The `BatchSizeResult` of the last search (``None`` before one ran).
@@ -190,13 +184,11 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
         *,
         margin: float | Margin | None = None,
         batch_arg_name: str = "batch_size",
-        max_batch_size: int | None = None,
+        batch_limit: int | None = None,
     ) -> None:
         """Check the options; the search runs when ``trainer.fit`` starts."""
         super().__init__()
-        check_options(
-            "BatchSizeFinder", budget=budget, margin=margin, max_batch_size=max_batch_size
-        )
+        check_options("BatchSizeFinder", budget=budget, margin=margin, batch_limit=batch_limit)
         if not isinstance(batch_arg_name, str) or not batch_arg_name.isidentifier():
             raise TypeError(
                 f"BatchSizeFinder(batch_arg_name={batch_arg_name!r}): expected the name of "
@@ -205,7 +197,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
         self.budget = budget
         self.margin = margin
         self.batch_arg_name = batch_arg_name
-        self.max_batch_size = max_batch_size
+        self.batch_limit = batch_limit
         self.result: BatchSizeResult | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str | None = None) -> None:
@@ -245,7 +237,7 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
             restore=(pl_module, *probe.optimizers, *probe.schedulers),
             device=probe.device,
             start=probe.original,
-            cap=min((c for c in (self.max_batch_size, probe.samples.length) if c), default=None),
+            cap=min((c for c in (self.batch_limit, probe.samples.length) if c), default=None),
         )
         result = run_search(plan, budget=self.budget, margin=self.margin)
         probe.set_batch_size(result.batch_size)

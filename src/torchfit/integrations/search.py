@@ -21,14 +21,8 @@ import numpy as np
 import torch
 
 from torchfit._core.rng import kept_rng
-from torchfit.memory import (
-    GPU,
-    BatchSizeResult,
-    Margin,
-    MemoryEstimate,
-    SimulatedGPU,
-    find_batch_size,
-)
+from torchfit.memory import GPU, MemoryEstimate, find_batch_size
+from torchfit.memory.batch import BatchSizeResult, Margin, SimulatedGPU
 
 __all__ = [
     "Samples",
@@ -48,7 +42,7 @@ def check_options(
     *,
     budget: Any,
     margin: Any,
-    max_batch_size: Any = None,
+    batch_limit: Any = None,
 ) -> None:
     """Refuse a bad budget, margin or cap now, naming the value, what was expected and the fix.
 
@@ -71,24 +65,22 @@ def check_options(
             f"{owner}(budget={budget!r}): a budget must be more than 0 bytes; pass the memory "
             "the step may use, e.g. budget='8GiB'"
         )
-    if max_batch_size is not None and (
-        isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
+    if batch_limit is not None and (
+        isinstance(batch_limit, bool) or not isinstance(batch_limit, int)
     ):
         raise TypeError(
-            f"{owner}(max_batch_size={max_batch_size!r}): expected a whole number >= 1 or None"
+            f"{owner}(batch_limit={batch_limit!r}): expected a whole number >= 1 or None"
         )
     checks: dict[str, Callable[[], object]] = {
         "budget": lambda: find_batch_size(_never_called, start=1, budget=budget),  # type: ignore[arg-type]
         "margin": lambda: find_batch_size(_never_called, start=1, margin=margin),
-        "max_batch_size": lambda: find_batch_size(
-            _never_called, start=1, max_batch_size=max_batch_size
-        ),
+        "batch_limit": lambda: find_batch_size(_never_called, start=1, batch_limit=batch_limit),
     }
     for name, check in checks.items():  # torchfit's own checks, with the option named
         try:
             check()
         except (TypeError, ValueError) as error:
-            value = {"budget": budget, "margin": margin, "max_batch_size": max_batch_size}[name]
+            value = {"budget": budget, "margin": margin, "batch_limit": batch_limit}[name]
             raise type(error)(f"{owner}({name}={value!r}): {error}") from None
 
 
@@ -245,7 +237,7 @@ def run_search(
                 probe_upward=probe_upward,
                 budget=budget,
                 margin=margin,
-                max_batch_size=plan.cap,
+                batch_limit=plan.cap,
                 restore=plan.restore,
             )()
         return find_batch_size(
@@ -255,7 +247,7 @@ def run_search(
             probe_upward=probe_upward,
             budget=budget,
             margin=margin,
-            max_batch_size=plan.cap,
+            batch_limit=plan.cap,
             restore=plan.restore,
             effective_batch_size=plan.effective,
         )()

@@ -29,7 +29,8 @@ from torchfit.integrations.search import (
     move_to,
     run_search,
 )
-from torchfit.memory import GPU, BatchSizeResult, Margin, MemoryEstimate, SimulatedGPU, trace_step
+from torchfit.memory import GPU, MemoryEstimate, trace_step
+from torchfit.memory.batch import BatchSizeResult, Margin, SimulatedGPU
 
 __all__ = ["fit_batch_size"]
 

@@ -26,7 +26,7 @@ __all__ = [
     "time_steps",
 ]
 
-#: Keyword arguments of DataLoader that tune_loader passes through (or tunes).
+#: Keyword arguments of DataLoader that tuned_loader passes through (or tunes).
 LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
     "self",
     "dataset",

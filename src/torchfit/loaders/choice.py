@@ -1,4 +1,4 @@
-"""How `tune_loader` chooses among measured trials: pure rules, no measurement."""
+"""How `tuned_loader` chooses among measured trials: pure rules, no measurement."""
 
 from __future__ import annotations
 

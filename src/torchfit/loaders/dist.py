@@ -90,7 +90,7 @@ def check_shuffle_with_sampler(*, shuffle: bool, kwargs: dict[str, Any]) -> None
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-    """How `tune_loader` splits the data across ranks.
+    """How `tuned_loader` splits the data across ranks.
 
     Attributes:
         shuffle: The ``shuffle`` to give ``DataLoader`` (``False`` once a sampler shuffles).

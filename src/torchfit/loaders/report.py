@@ -25,7 +25,7 @@ __all__ = [
     "plural",
 ]
 
-#: The knobs `tune_loader` chooses; passing one of them fixes it.
+#: The knobs `tuned_loader` chooses; passing one of them fixes it.
 TUNED_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
 
@@ -124,7 +124,7 @@ def _rate(value: float | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LoaderReport:
-    """What `tune_loader` tried, what it chose and why.
+    """What `tuned_loader_and_report` tried, what it chose and why.
 
     Attributes:
         chosen: The configuration of the returned DataLoader.

@@ -1,4 +1,4 @@
-"""The search behind `tune_loader`.
+"""The search behind `tuned_loader`.
 
 Measure the default, predict a worker count from the CPU the loading uses, climb a
 ladder of worker counts around it, then try a deeper prefetch: a handful of trials
@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchfit.loaders.checks import duplicated_across_workers, python_object_warnings, shm_message
 from torchfit.loaders.choice import TIE, fastest_fewest, persistence, short
+from torchfit.loaders.hazards import duplicated_across_workers, python_object_warnings, shm_message
 from torchfit.loaders.machine import shm_worker_limit
 from torchfit.loaders.probe import (
     IndexStream,

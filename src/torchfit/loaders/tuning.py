@@ -1,4 +1,4 @@
-"""`tune_loader`, `tuned_loader`, `check_shm` and `diagnose`: `torchfit.loaders`' public side."""
+"""`tuned_loader`, `tuned_loader_and_report`, `check_shm`, `diagnose`: the public side."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from torchfit.loaders.args import (
     kwargs_of,
     time_steps,
 )
-from torchfit.loaders.checks import shm_message
 from torchfit.loaders.dist import shard
+from torchfit.loaders.hazards import shm_message
 from torchfit.loaders.machine import MachineBudget, machine_budget, shm_worker_limit
 from torchfit.loaders.probe import (
     WorkerSeeder,
@@ -40,7 +40,7 @@ from torchfit.loaders.report import (
 )
 from torchfit.loaders.search import search
 
-__all__ = ["LoaderWarning", "check_shm", "diagnose", "tune_loader", "tuned_loader"]
+__all__ = ["LoaderWarning", "check_shm", "diagnose", "tuned_loader_and_report", "tuned_loader"]
 
 _log = logging.getLogger("torchfit.loaders")
 
@@ -144,7 +144,7 @@ def _tune(
 
 
 @checks.arguments(batch_size=checks.whole(at_least=1), time_budget=checks.number(above=0))
-def tune_loader(
+def tuned_loader_and_report(
     dataset: Any,
     *,
     batch_size: int | None,
@@ -219,7 +219,9 @@ def tune_loader(
         >>> import torch
         >>> from torch.utils.data import TensorDataset
         >>> data = TensorDataset(torch.arange(64.0).reshape(32, 2))
-        >>> loader, report = tune_loader(data, batch_size=8, time_budget=0.5, num_workers=0)
+        >>> loader, report = tuned_loader_and_report(
+        ...     data, batch_size=8, time_budget=0.5, num_workers=0
+        ... )
         >>> report.chosen.num_workers, len(loader)
         (0, 4)
         >>> print(str(report).splitlines()[0])
@@ -252,8 +254,8 @@ def tuned_loader(
 ) -> DataLoader[Any]:
     """A ``DataLoader`` with measured ``num_workers``, ``prefetch_factor``, pinning, persistence.
 
-    `tune_loader` takes the same arguments and also returns the report (which is logged
-    at INFO level on the ``torchfit.loaders`` logger).
+    `tuned_loader_and_report` takes the same arguments and also returns the `LoaderReport`
+    (here it is only logged, at INFO level on the ``torchfit.loaders`` logger).
 
     Example:
         >>> import torch
@@ -327,7 +329,7 @@ def diagnose(
         step_fn: One training step on a batch (forward, backward, optimizer step).
         steps: Steps to measure after the warm-up.
         warmup: Steps to run first without counting (worker start-up, lazy init).
-        tune: Also tune a loader on the same dataset (`tune_loader`) and estimate the
+        tune: Also tune a loader on the same dataset (`tuned_loader_and_report`) and estimate the
             step-rate gain it gives, assuming loading overlaps compute in workers.
         time_budget: Seconds for that tuning.
 
@@ -367,7 +369,9 @@ def diagnose(
     )
     report = speedup = None
     if tune and isinstance(loader, DataLoader):
-        _, report = tune_loader(loader.dataset, time_budget=time_budget, **kwargs_of(loader))
+        _, report = tuned_loader_and_report(
+            loader.dataset, time_budget=time_budget, **kwargs_of(loader)
+        )
         if report.chosen_samples_per_s:
             fetch = (sum(sizes) / len(sizes)) / report.chosen_samples_per_s
             step = max(compute, fetch) if report.chosen.num_workers else compute + fetch

@@ -26,7 +26,7 @@ from typing import Any
 from torchfit._core import checks
 from torchfit._core.step import Loop
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import describe, has_closed_form
+from torchfit.memory.analytic.arch import has_closed_form, spec_from_config
 from torchfit.memory.analytic.quantized import check_quantize_head
 from torchfit.memory.analytic.transformer import estimate_transformer
 from torchfit.memory.catalog.build import (
@@ -180,7 +180,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         found = estimate_module(resolved.module, input_shape=shape, **options)
         return _noted(found, f"method: meta-device pass of {type(resolved.module).__name__}")
     if has_closed_form(config):
-        spec = describe(config)
+        spec = spec_from_config(config)
         found = estimate_transformer(
             spec,
             batch_size=batch_size,

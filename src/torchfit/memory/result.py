@@ -287,7 +287,7 @@ class AffineEstimate:
         >>> line = AffineEstimate(MemoryEstimate(weights=1000), MemoryEstimate(activations=10))
         >>> line.at(8).total
         1080
-        >>> line.max_batch_size(1500)
+        >>> line.batch_within(1500)
         50
     """
 
@@ -306,8 +306,11 @@ class AffineEstimate:
         return self.fixed + self.per_sample * batch_size
 
     @checks.arguments()
-    def max_batch_size(self, budget_bytes: int) -> int:
-        """The largest batch whose `total` stays within ``budget_bytes`` (0 if none fits)."""
+    def batch_within(self, budget_bytes: int) -> int:
+        """The largest batch whose `total` stays within ``budget_bytes`` (0 if none fits).
+
+        The whole budget, no margin kept: `torchfit.memory.max_batch_size` keeps one.
+        """
         room = budget_bytes - self.fixed.total
         per = self.per_sample.total
         if room < 0:

@@ -10,7 +10,7 @@ import torch
 from torchfit._core import checks
 from torchfit._core.hardware import parse_device
 from torchfit._core.units import DType
-from torchfit.precision import checks as _checks
+from torchfit.precision import pitfalls
 from torchfit.precision import step as _step
 from torchfit.precision.choice import (
     Precision,
@@ -340,12 +340,12 @@ class MixedPrecision:
             ...
             ValueError: 2 trainable tensor(s) are float16 (weight, bias): the GradScaler ...
         """
-        _checks.check_model(model, self.dtype)
-        _checks.check_optimizers(_step.as_list(optimizers), scaler=self.scaler is not None)
-        _checks.check_schedulers(_step.as_list(scheduler, "scheduler"))
+        pitfalls.check_model(model, self.dtype)
+        pitfalls.check_optimizers(_step.as_list(optimizers), scaler=self.scaler is not None)
+        pitfalls.check_schedulers(_step.as_list(scheduler, "scheduler"))
 
     def _check_graph(self, loss: torch.Tensor) -> None:
-        _checks.check_loss(loss, self.device, self.dtype)
+        pitfalls.check_loss(loss, self.device, self.dtype)
         self._graph_checked = True
 
     def _check_step_args(
@@ -355,11 +355,11 @@ class MixedPrecision:
     ) -> None:
         key = tuple(map(id, opts))
         if key != self._checked_optimizers:
-            _checks.check_optimizers(opts, scaler=self.scaler is not None)
+            pitfalls.check_optimizers(opts, scaler=self.scaler is not None)
             self._checked_optimizers = key
         key = tuple(map(id, scheds))
         if key != self._checked_schedulers:
-            _checks.check_schedulers(scheds)
+            pitfalls.check_schedulers(scheds)
             self._checked_schedulers = key
 
     # -- checkpointing --------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torchfit._core import checks
-from torchfit.precision import checks as _checks
+from torchfit.precision import pitfalls
 
 __all__ = [
     "NO_SHARE",
@@ -158,11 +158,11 @@ def boundary(
     gradients, before clipping, unless the step is already known to be skipped.
     """
     if scaler is not None:
-        skipped = _checks.unscale_found_inf(scaler, opts)
+        skipped = pitfalls.unscale_found_inf(scaler, opts)
     else:
         skipped = check is not NonFiniteCheck.NEVER and not loss_finite
     if rescale != 1.0:
-        torch._foreach_mul_(_checks.grads_of(opts), rescale)
+        torch._foreach_mul_(pitfalls.grads_of(opts), rescale)
     if before_step is not None and not skipped:
         before_step()
     norm: torch.Tensor | None = None
@@ -204,7 +204,7 @@ def _grads_finite(
     if norm is not None:
         return math.isfinite(norm.item())  # 0.2 us on CPU; bool(norm.isfinite()) takes 5
     if check is NonFiniteCheck.GRADS:
-        return _checks.all_finite(_checks.grads_of(opts))
+        return pitfalls.all_finite(pitfalls.grads_of(opts))
     return True
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
+from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, select_layers, skip_list
 from torchfit._core import checks
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.catalog.build import instantiate, model_class_for
@@ -92,8 +92,8 @@ def quantized_footprint(
         cls = model_class_for(config, model_class)
         model = instantiate(config, cls, load_dtype(config, {"dtype": dtype}))
         saved = check_saved(str(config_or_name), config, settings, skip_list(skip_modules))
-    plan = make_plan(model, settings, skip_modules, saved_skip=saved or ())
-    return predict(model, plan, settings, device=device, cpu_packed=cpu_packed)
+    selection = select_layers(model, settings, skip_modules, saved_skip=saved or ())
+    return predict(model, selection, settings, device=device, cpu_packed=cpu_packed)
 
 
 @checks.arguments(config_or_name=checks.model_ref())

@@ -13,23 +13,25 @@ import torch
 from torch import nn
 
 from torchfit._bnb.layout import BLOCKSIZE
-from torchfit._bnb.selection import Plan, QuantSettings
+from torchfit._bnb.selection import LayerSelection, QuantSettings
 from torchfit._core.imports import require
 
-__all__ = ["bnb_config", "device_of", "float_dtype", "keep_cpu_layout", "quantize_copy"]
+__all__ = ["bnb_config", "device_type_of", "float_dtype", "keep_cpu_layout", "quantize_copy"]
 
 _FEATURE = "torchfit.quantize"
 
 
-def bnb_config(settings: QuantSettings, plan: Plan | None, compute: torch.dtype | None) -> Any:
-    """The ``BitsAndBytesConfig`` for ``settings``, with the merged skip list of ``plan``.
+def bnb_config(
+    settings: QuantSettings, selection: LayerSelection | None, compute: torch.dtype | None
+) -> Any:
+    """The ``BitsAndBytesConfig`` for ``settings``, with the merged skip list of ``selection``.
 
-    Without a plan transformers computes its default skip list itself (the same one).
+    Without a selection, transformers computes its default skip list itself (the same one).
     """
     transformers = require("transformers", feature=_FEATURE)
     # Passing a skip list *replaces* transformers' default one (transformers #45674);
-    # `plan.skip` already holds the defaults merged with the user's names.
-    skip = None if plan is None else list(plan.skip)
+    # `selection.skip` already holds the defaults merged with the user's names.
+    skip = None if selection is None else list(selection.skip)
     if settings.bits == 8:
         return transformers.BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     return transformers.BitsAndBytesConfig(
@@ -67,7 +69,7 @@ def float_dtype(model: nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def device_of(model: nn.Module) -> str:
+def device_type_of(model: nn.Module) -> str:
     """The device type of the first parameter (``"cpu"`` when there is none)."""
     for param in model.parameters():
         return param.device.type
@@ -77,7 +79,7 @@ def device_of(model: nn.Module) -> str:
 def quantize_copy(
     model: nn.Module,
     *,
-    plan: Plan,
+    selection: LayerSelection,
     settings: QuantSettings,
     compute: torch.dtype | None,
     dtype: torch.dtype,
@@ -86,14 +88,14 @@ def quantize_copy(
 ) -> nn.Module:
     """A quantized copy of ``model``; ``model`` is read, never written."""
     if hf_model:
-        return _from_state_dict(model, plan, settings, compute, dtype=dtype, device=device)
+        return _from_state_dict(model, selection, settings, compute, dtype=dtype, device=device)
     bnb = require("bitsandbytes", feature=_FEATURE)
-    return _replace_linears(bnb, model, plan, settings, compute=compute, device=device)
+    return _replace_linears(bnb, model, selection, settings, compute=compute, device=device)
 
 
 def _from_state_dict(
     model: nn.Module,
-    plan: Plan,
+    selection: LayerSelection,
     settings: QuantSettings,
     compute: torch.dtype | None,
     *,
@@ -102,7 +104,7 @@ def _from_state_dict(
 ) -> nn.Module:
     # transformers' own path: from_pretrained(None, state_dict=...) quantizes while it
     # loads, so the result saves and reloads like any quantized checkpoint.
-    quantized = {f"{name}.weight" for name in plan.quantize}
+    quantized = {f"{name}.weight" for name in selection.quantize}
     clones: dict[int, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
     for key, tensor in model.state_dict().items():
@@ -122,7 +124,7 @@ def _from_state_dict(
         None,
         config=config,
         state_dict=state,
-        quantization_config=bnb_config(settings, plan, compute),
+        quantization_config=bnb_config(settings, selection, compute),
         device_map={"": str(device)},
         dtype=dtype,
     )
@@ -137,7 +139,7 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 def _replace_linears(
     bnb: Any,
     model: nn.Module,
-    plan: Plan,
+    selection: LayerSelection,
     settings: QuantSettings,
     *,
     compute: torch.dtype | None,
@@ -147,11 +149,11 @@ def _replace_linears(
     # layers out, and only then move the copy: moving a shared Parameter would move the
     # caller's too.
     memo: dict[int, Any] = {}
-    for name in plan.quantize:
+    for name in selection.quantize:
         weight = model.get_submodule(name).weight
         memo[id(weight)] = weight
     out = copy.deepcopy(model, memo)
-    layers = {name: out.get_submodule(name) for name in plan.quantize}
+    layers = {name: out.get_submodule(name) for name in selection.quantize}
     for name in layers:
         _set_submodule(out, name, nn.Identity())
     out.to(device)

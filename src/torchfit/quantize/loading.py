@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, make_plan, skip_list
+from torchfit._bnb.selection import QuantSettings, QuantType, is_hf, select_layers, skip_list
 from torchfit._core import checks
 from torchfit._core.hardware import parse_device
 from torchfit._core.imports import require
@@ -19,7 +19,7 @@ from torchfit.memory.catalog.hub import hub_error, load_config, load_dtype
 from torchfit.quantize import hf
 from torchfit.quantize.build import (
     bnb_config,
-    device_of,
+    device_type_of,
     float_dtype,
     keep_cpu_layout,
     quantize_copy,
@@ -134,10 +134,12 @@ def load_quantized(
     if saved is None:
         # Only a user skip list needs the model's module names before loading (to check and
         # merge it); without one, transformers' own default list is the same as ours.
-        plan = (
-            make_plan(instantiate(config, cls, dtype), settings, user_skips) if user_skips else None
+        selection = (
+            select_layers(instantiate(config, cls, dtype), settings, user_skips)
+            if user_skips
+            else None
         )
-        kwargs["quantization_config"] = bnb_config(settings, plan, compute)
+        kwargs["quantization_config"] = bnb_config(settings, selection, compute)
     try:
         model = cls.from_pretrained(name, **kwargs)
     except OSError as e:
@@ -153,7 +155,7 @@ def _finish(
 ) -> None:
     """Check that something was quantized, apply an explicit compute dtype, fix CPU layouts."""
     if not any(type(m).__module__.startswith("bitsandbytes") for m in model.modules()):
-        make_plan(model, settings, ())  # raises: nothing to quantize, and why
+        select_layers(model, settings, ())  # raises: nothing to quantize, and why
         raise ValueError(f"transformers quantized no layer of {name!r}")  # pragma: no cover
     if compute is not None:
         for module in model.modules():  # a saved checkpoint fixed it; the layer reads this
@@ -236,15 +238,15 @@ def quantize_model(
     """
     settings = QuantSettings(bits=bits, quant_type=quant_type, double_quant=double_quant)
     _require_stack()
-    plan = make_plan(model, settings, skip_modules)
-    target = torch.device(device if device is not None else device_of(model))
+    selection = select_layers(model, settings, skip_modules)
+    target = torch.device(device if device is not None else device_type_of(model))
     dtype = float_dtype(model)
     compute = hf.resolve_compute_dtype(
         compute_dtype, bits=bits, model_dtype=dtype, device=target.type
     )
     out = quantize_copy(
         model,
-        plan=plan,
+        selection=selection,
         settings=settings,
         compute=compute,
         dtype=dtype,

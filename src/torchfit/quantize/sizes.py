@@ -1,11 +1,11 @@
 """How many bytes a model holds: predicted from shapes, or measured from its tensors.
 
-`predict` turns a `Plan` into a `Footprint` from shapes alone (a meta-device model is
+`predict` turns a `LayerSelection` into a `Footprint` from shapes alone (a meta-device model is
 enough); `measure` reads one from the tensors a model really holds, the bitsandbytes
 ``quant_state`` and LLM.int8 row scales included.
 
 Both count each storage once (`torchfit._core.ledger.storage_key`) and size a quantized
-weight with the rule the device maps use too (`torchfit._bnb.layout.quantized_weight_bytes`).
+weight with the rule the device maps use too (`torchfit._bnb.layout.quantized_linear_bytes`).
 They walk the model module by module (`torchfit._core.tensors.own_tensors`) rather than
 with `reachable_tensors`, because every row of a `Footprint` is one module's and a
 bitsandbytes ``quant_state`` is no module, container or tensor that walk follows.
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._bnb.layout import BLOCKSIZE, held_bytes, quantized_weight_bytes
-from torchfit._bnb.selection import Plan, QuantSettings, out_in
+from torchfit._bnb.layout import BLOCKSIZE, held_bytes, quantized_linear_bytes
+from torchfit._bnb.selection import LayerSelection, QuantSettings, out_in
 from torchfit._core.ledger import storage_key
 from torchfit._core.tensors import own_tensors
 from torchfit.quantize.result import Footprint, FootprintRow, summarize
@@ -50,14 +50,14 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def predict(
     model: nn.Module,
-    plan: Plan,
+    selection: LayerSelection,
     settings: QuantSettings,
     *,
     device: str,
     cpu_packed: bool = False,
 ) -> Footprint:
-    """The `Footprint` ``model`` will have once the layers in ``plan`` are quantized."""
-    chosen = set(plan.quantize)
+    """The `Footprint` ``model`` will have once the layers in ``selection`` are quantized."""
+    chosen = set(selection.quantize)
     seen: set[int] = set()
     rows: list[FootprintRow] = []
     packed_layers = 0
@@ -79,7 +79,7 @@ def predict(
             # switches it off for other layers (see torchfit.quantize.build.keep_cpu_layout).
             packs = settings.bits == 4 and cpu_packed and out_f % 32 == 0 and in_f % BLOCKSIZE == 0
             packed_layers += packs
-            weight, held_scales = quantized_weight_bytes(
+            weight, held_scales = quantized_linear_bytes(
                 out_f,
                 in_f,
                 bits=settings.bits,
@@ -90,7 +90,7 @@ def predict(
             qbytes += weight
             scales += held_scales
         rows.append(FootprintRow(kind, 1, params, qbytes, scales, other, qparams))
-    notes = [f"left unquantized by the skip list: {', '.join(plan.skip) or 'nothing'}"]
+    notes = [f"left unquantized by the skip list: {', '.join(selection.skip) or 'nothing'}"]
     if device == "cuda":
         notes.append("every tensor rounded up to the CUDA allocator's 512-byte blocks")
     if cpu_packed and settings.bits == 4:

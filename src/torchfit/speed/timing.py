@@ -15,7 +15,7 @@ from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.knobs import ESTIMATE_RULES, check_generation
 from torchfit.speed.build import build_step_model
 from torchfit.speed.cards import peaks
-from torchfit.speed.host import host_seconds
+from torchfit.speed.dispatch import host_seconds
 from torchfit.speed.ops import OpKind, Phase
 from torchfit.speed.optimizer import OPTIMIZER_IMPLEMENTATIONS
 from torchfit.speed.result import KindTime, StepTime
@@ -73,7 +73,7 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     """Time every kernel of ``work`` on ``card`` and sum (kernels run one after another).
 
     A phase whose kernels the host dispatches slower than the GPU runs them takes the
-    host's time (`torchfit.speed.host`); the difference is a ``"host"`` row.
+    host's time (`torchfit.speed.dispatch`); the difference is a ``"host"`` row.
 
     Example:
         >>> from torchfit.speed.ops import Op

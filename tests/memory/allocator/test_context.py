@@ -2,7 +2,8 @@
 
 import pytest
 
-from torchfit.memory import MemoryEstimate, cuda_context_bytes, measure_cuda_context, to_device
+from torchfit.memory import MemoryEstimate, to_device
+from torchfit.memory.allocator import cuda_context_bytes, measure_cuda_context
 from torchfit.memory.allocator.context import (
     CONTEXT_FIXED_BYTES,
     CONTEXT_PER_THREAD_SLOT,

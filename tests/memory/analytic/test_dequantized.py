@@ -5,7 +5,7 @@ import pytest
 from torchfit._bnb.matmul import dequantized_bytes_per_weight, quantized_from
 from torchfit._core.units import DType
 from torchfit.memory import estimate
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.quantized import dequantized_bytes, quantized_shapes
 
 transformers = pytest.importorskip("transformers")
@@ -25,7 +25,7 @@ CONFIG = dict(
 
 
 def _spec():
-    return describe(transformers.LlamaConfig(**CONFIG))
+    return spec_from_config(transformers.LlamaConfig(**CONFIG))
 
 
 def test_the_largest_block_linear_or_the_head_is_dequantized_in_the_compute_dtype():

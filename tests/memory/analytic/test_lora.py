@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchfit.memory import estimate, measure_step, to_device, trace
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.lora import lora_parameters
 from torchfit.memory.analytic.loraconfig import lora_setup
 
@@ -74,7 +74,10 @@ def test_adapters_train_what_peft_trains(family, targets, dropout):
     )
     real = peft.get_peft_model(model, lora)
     trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
-    assert lora_parameters(describe(config), lora_setup(describe(config), lora=lora)) == trains
+    assert (
+        lora_parameters(spec_from_config(config), lora_setup(spec_from_config(config), lora=lora))
+        == trains
+    )
 
 
 @pytest.mark.parametrize(("family", "targets", "dropout"), CASES)
@@ -161,7 +164,7 @@ def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
     # before 0.43.2 MatMul4Bit saved its input A for backward: the 16-bit copies of k_proj,
     # o_proj, gate_proj, up_proj and down_proj inputs (not adapted by the default q/v LoRA,
     # each its own cast under autocast) are kept too
-    spec = describe(config)
+    spec = spec_from_config(config)
     per_token = 4 * spec.hidden + spec.intermediate
     kept = 4 * 128 * per_token * 2 * spec.num_layers
     assert old.activations - new.activations == kept
@@ -177,7 +180,7 @@ def test_a_quantized_head_and_the_loading_cache_note():
     common = dict(batch_size=1, seq_len=64, dtype="nf4", mode="inference")
     kept = estimate(spec_config, **common)
     quantized = estimate(spec_config, quantize_head=True, **common)
-    spec = describe(spec_config)
+    spec = spec_from_config(spec_config)
     head_bf16 = spec.vocab * spec.hidden * 2
     assert head_bf16 // 4 < kept.weights - quantized.weights < head_bf16
     with pytest.raises(ValueError, match="needs quantized weights"):
@@ -235,7 +238,10 @@ def test_every_field_trains_what_peft_trains(family, fields):
     lora = peft.LoraConfig(r=8, **fields)
     real = peft.get_peft_model(model, lora)
     trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
-    assert lora_parameters(describe(config), lora_setup(describe(config), lora=lora)) == trains
+    assert (
+        lora_parameters(spec_from_config(config), lora_setup(spec_from_config(config), lora=lora))
+        == trains
+    )
 
 
 @pytest.mark.filterwarnings(LORA_BIAS)

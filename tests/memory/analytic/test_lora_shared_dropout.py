@@ -3,7 +3,7 @@
 import pytest
 
 from torchfit.memory import estimate
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.lora import LoraSetup, resolve_targets
 
 transformers = pytest.importorskip("transformers")
@@ -22,7 +22,7 @@ def _llama():
 
 
 def _setup(config, targets, *, shared):
-    roles, head = resolve_targets(describe(config), targets)
+    roles, head = resolve_targets(spec_from_config(config), targets)
     return LoraSetup(8, roles, head=head, dropout=0.1, shared_qkv_dropout=shared)
 
 
@@ -44,7 +44,7 @@ def test_sharing_changes_nothing_without_dropout_or_without_two_qkv_adapters():
     config = _llama()
     common = dict(batch_size=1, seq_len=32, device="cpu")
     for targets, dropout in ((["q_proj", "v_proj"], 0.0), (["q_proj", "up_proj"], 0.1)):
-        roles, _ = resolve_targets(describe(config), targets)
+        roles, _ = resolve_targets(spec_from_config(config), targets)
         totals = {
             estimate(
                 config,

@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from torchfit.memory import estimate, measure_step  # noqa: E402
-from torchfit.memory.analytic.arch import describe, has_closed_form  # noqa: E402
+from torchfit.memory.analytic.arch import has_closed_form, spec_from_config  # noqa: E402
 from torchfit.memory.analytic.formulas import kv_cache_bytes  # noqa: E402
 from torchfit.memory.analytic.quantized import block_linear_shapes  # noqa: E402
 from torchfit.memory.catalog import build_model, count_parameters, list_models  # noqa: E402
@@ -55,7 +55,7 @@ def test_every_expert_is_counted_exactly(name):
     config = CONFIGS[name]()
     model = build_model(config, dtype="fp32")
     params = list(model.parameters())
-    spec = describe(config)
+    spec = spec_from_config(config)
     assert spec.num_params == count_parameters(model)
     assert spec.num_tensors == len(params)
     linear = sum(o * i for o, i in block_linear_shapes(spec))
@@ -89,7 +89,7 @@ def test_activations_follow_the_routed_tokens_not_the_experts():
     # eight more experts: only the router's fp32 probabilities grow (4 bytes per expert)
     assert block(16, 2) - block(8, 2) == tokens * 8 * 4
     # one more expert per token: one more routed row of every expert tensor per token
-    spec = describe(transformers.MixtralConfig(**BASE, num_local_experts=8))
+    spec = spec_from_config(transformers.MixtralConfig(**BASE, num_local_experts=8))
     row = (2 * spec.hidden + 4 * spec.moe.expert_intermediate) * 4 + 4 + 3 * 8
     assert block(8, 3) - block(8, 2) == tokens * (row + 4 + 8)  # + top-k value and index
 
@@ -112,7 +112,7 @@ def test_inference_keeps_the_kv_cache_of_a_dense_model():
 
 def test_quantized_moe_keeps_its_experts_in_the_compute_dtype():
     config = CONFIGS["mixtral"]()
-    spec = describe(config)
+    spec = spec_from_config(config)
     nf4 = estimate(config, batch_size=1, seq_len=64, mode="inference", dtype="nf4")
     bf16 = estimate(config, batch_size=1, seq_len=64, mode="inference", dtype="bf16")
     experts = spec.moe.expert_params * spec.num_layers
@@ -126,10 +126,10 @@ def test_catalog_decoders_with_closed_forms_count_like_their_builds():
         e.name for e in decoders
     }
     for entry in decoders:
-        assert describe(entry.config()).num_params == entry.params, entry.name
+        assert spec_from_config(entry.config()).num_params == entry.params, entry.name
 
 
 def test_a_dense_spec_has_no_experts():
-    spec = describe(transformers.LlamaConfig(**BASE))
+    spec = spec_from_config(transformers.LlamaConfig(**BASE))
     assert spec.moe is None
     assert dataclasses.replace(spec).moe is None

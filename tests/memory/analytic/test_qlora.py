@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from torchfit._core.step import Loop
 from torchfit._core.units import DType
 from torchfit.memory import estimate, to_device, trace
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.quantized import quantized_shapes
 from torchfit.memory.modules.quantized import quantized_meta_pass
 
@@ -146,7 +146,7 @@ def test_the_8b_untied_head_is_what_prepare_changes_most():
     )
     prepared = estimate(_llama_8b(), **common)
     plain = estimate(_llama_8b(), kbit_prepare=False, **common)
-    spec = describe(_llama_8b())
+    spec = spec_from_config(_llama_8b())
     others = spec.num_params - sum(o * i for o, i in quantized_shapes(spec))
     assert prepared.weights - plain.weights == 2 * others  # bf16 -> fp32
     assert any("in fp32 (peft.prepare_model_for_kbit_training)" in n for n in prepared.notes)
@@ -233,7 +233,7 @@ def test_prepare_casts_exactly_the_unquantized_parameters_to_fp32(
     common = dict(batch_size=1, seq_len=32, dtype="nf4", lora_rank=4, device="cuda")
     prepared = estimate(config, **common)
     plain = estimate(config, kbit_prepare=False, **common)
-    spec = describe(config)
+    spec = spec_from_config(config)
     others = spec.num_params - sum(o * i for o, i in quantized_shapes(spec))
     assert prepared.weights - plain.weights == 2 * others
     assert prepared.total > plain.total

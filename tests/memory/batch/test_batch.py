@@ -439,7 +439,7 @@ def test_find_batch_size_as_a_bare_decorator():
 
 
 def test_find_batch_size_as_a_decorator_with_arguments():
-    @find_batch_size(start=4096, max_batch_size=300)
+    @find_batch_size(start=4096, batch_limit=300)
     def step(batch_size):
         affine_step(batch_size)
 
@@ -472,7 +472,7 @@ def test_find_batch_size_checks_the_step_signature():
     ("options", "error", "message"),
     [
         ({"start": 0}, ValueError, "start must be >= 1; got 0"),
-        ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be a whole number"),
+        ({"batch_limit": 2.5}, TypeError, "batch_limit must be a whole number"),
         ({"start": 4, "predict": line(0, 1)}, ValueError, "either predict= .* or start="),
         ({"predict": "big"}, TypeError, "AffineEstimate or a callable"),
         ({"budget": "lots"}, ValueError, "cannot read 'lots'"),

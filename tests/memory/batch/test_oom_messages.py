@@ -9,7 +9,7 @@ import pytest
 import torch
 from accelerate.utils.memory import should_reduce_batch_size
 
-from torchfit.memory import is_oom
+from torchfit.memory.batch import is_oom
 
 MESSAGES = {
     "CUDA": "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)",

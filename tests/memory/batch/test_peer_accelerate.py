@@ -14,8 +14,8 @@ callable), and ``test_release_memory`` needs an accelerator (not restated).
 import pytest
 import torch
 
-from torchfit.memory import TrialOutcome, find_batch_size
-from torchfit.memory.batch import DEFAULT_START
+from torchfit.memory import find_batch_size
+from torchfit.memory.batch import DEFAULT_START, TrialOutcome
 
 # accelerate's sizes from 128 to 8 at x0.9 a step: the steps it takes to find 8.
 ACCELERATE_STEPS_TO_8 = 23
@@ -149,7 +149,7 @@ def _over_16(tried):
 def test_the_decorator_with_arguments_keeps_them():
     tried = []
 
-    @find_batch_size(start=256, max_batch_size=200)
+    @find_batch_size(start=256, batch_limit=200)
     def step(batch_size):
         return _over_16(tried)(batch_size)
 

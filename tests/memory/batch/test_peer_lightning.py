@@ -5,7 +5,7 @@ named in a comment above it) in torchfit's terms. Lightning's ``mode="power"`` d
 from ``init_val`` and keeps the last size that ran; ``mode="binsearch"`` then bisects.
 torchfit's ``probe_upward=True`` is the search upward (doubling, then bisecting, when
 nothing is measured), ``start=`` is ``init_val``, a dataset's length is
-``max_batch_size=``, and ``max_trials`` counts every real step (Lightning returns its last
+``batch_limit=``, and ``max_trials`` counts every real step (Lightning returns its last
 doubled size unrun, so its ``max_trials=4`` from 2 is 32, torchfit's ``max_trials=5``).
 Lightning restores the model from a temporary checkpoint file; torchfit restores the
 objects in ``restore=`` from host copies and writes no file. Tests of the Trainer's own
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchfit.memory import TrialOutcome, find_batch_size, simulate_gpu
+from torchfit.memory import find_batch_size, simulate_gpu
+from torchfit.memory.batch import TrialOutcome
 
 DATASET = 64  # Lightning's RandomDataset(32, 64): the largest batch a loader can give
 
@@ -144,7 +145,7 @@ def test_the_size_grows_from_the_start_within_the_dataset(card):
     model, opt, sched = setup()
     step = make_step("fit", model, opt, sched)
     search = find_batch_size(
-        step, start=2, probe_upward=True, max_trials=4, max_batch_size=DATASET,
+        step, start=2, probe_upward=True, max_trials=4, batch_limit=DATASET,
         restore=(model, opt, sched),
     )  # fmt: skip
     if card is None:
@@ -193,7 +194,7 @@ def test_two_trials_stay_within_the_dataset(start, card):
     model, opt, sched = setup()
     step = make_step("fit", model, opt, sched)
     search = find_batch_size(
-        step, start=start, probe_upward=True, max_trials=2, max_batch_size=DATASET,
+        step, start=start, probe_upward=True, max_trials=2, batch_limit=DATASET,
         restore=(model, opt, sched),
     )  # fmt: skip
     if card is None:

@@ -8,13 +8,8 @@ import math
 
 import pytest
 
-from torchfit.memory import (
-    AffineEstimate,
-    MemoryEstimate,
-    find_batch_size,
-    max_batch_size,
-    simulate_gpu,
-)
+from torchfit.memory import MemoryEstimate, find_batch_size, max_batch_size, simulate_gpu
+from torchfit.memory.result import AffineEstimate
 
 LINE = AffineEstimate(MemoryEstimate(weights=1000), MemoryEstimate(activations=10))
 

@@ -16,15 +16,10 @@ from accelerate.utils import find_executable_batch_size
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchfit.memory import (
-    AffineEstimate,
-    MemoryEstimate,
-    TrialOutcome,
-    find_batch_size,
-    max_batch_size,
-    simulate_gpu,
-)
+from torchfit.memory import MemoryEstimate, find_batch_size, max_batch_size, simulate_gpu
+from torchfit.memory.batch import TrialOutcome
 from torchfit.memory.batch.simulate import active_simulator
+from torchfit.memory.result import AffineEstimate
 
 CARD = 64 * 2**20
 WEIGHTS = 4 * 2**20

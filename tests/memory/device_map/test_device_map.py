@@ -20,8 +20,9 @@ from accelerate.utils import infer_auto_device_map
 from transformers import GPT2Config, LlamaConfig
 
 from torchfit._core.units import parse_dtype
-from torchfit.memory import estimate, kv_cache_bytes_for
+from torchfit.memory import estimate
 from torchfit.memory.allocator import cuda_context_bytes
+from torchfit.memory.analytic import kv_cache_bytes_for
 from torchfit.memory.catalog.build import instantiate, model_class_for
 from torchfit.memory.device_map import (
     DeviceMap,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torchfit._bnb.layout import linear4bit_bytes, linear8bit_bytes
 from torchfit._core.units import DType
 from torchfit.memory import estimate
-from torchfit.memory.analytic.arch import describe
+from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.quantized import quantized_weight_bytes
 from torchfit.memory.catalog.resolve import build_model
 from torchfit.memory.modules.quantized import meta_quantized_weight_bytes, quantized_linears
@@ -65,7 +65,7 @@ def _meta(config):
 def test_meta_pass_weights_equal_the_closed_form_on_llama(weights, double_quant, head):
     config = _llama()
     closed = quantized_weight_bytes(
-        describe(config), weights, DType.BF16, double_quant=double_quant, head=head
+        spec_from_config(config), weights, DType.BF16, double_quant=double_quant, head=head
     )
     meta = meta_quantized_weight_bytes(
         _meta(config), weights, DType.BF16, double_quant=double_quant, head=head
@@ -77,7 +77,7 @@ def test_meta_pass_weights_equal_the_closed_form_on_llama(weights, double_quant,
 def test_meta_pass_weights_equal_the_closed_form_on_gpt2_conv1d(weights, double_quant):
     config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000)
     closed = quantized_weight_bytes(
-        describe(config), weights, DType.FP16, double_quant=double_quant
+        spec_from_config(config), weights, DType.FP16, double_quant=double_quant
     )
     meta = meta_quantized_weight_bytes(
         _meta(config), weights, DType.FP16, double_quant=double_quant
@@ -88,7 +88,7 @@ def test_meta_pass_weights_equal_the_closed_form_on_gpt2_conv1d(weights, double_
 def test_a_tied_head_is_refused_by_both_with_the_same_words():
     config = _llama(tied=True)
     with pytest.raises(ValueError, match="tied") as closed:
-        quantized_weight_bytes(describe(config), DType.NF4, DType.BF16, head=True)
+        quantized_weight_bytes(spec_from_config(config), DType.NF4, DType.BF16, head=True)
     with pytest.raises(ValueError, match="tied") as meta:
         meta_quantized_weight_bytes(_meta(config), DType.NF4, DType.BF16, head=True)
     assert str(meta.value) == str(closed.value)
@@ -109,7 +109,7 @@ def test_property_meta_pass_equals_the_closed_form_over_llama_shapes(
     weights, double_quant = fmt
     config = _llama(hidden=hidden, layers=layers, vocab=vocab, intermediate=intermediate)
     closed = quantized_weight_bytes(
-        describe(config), weights, DType.BF16, double_quant=double_quant, head=head
+        spec_from_config(config), weights, DType.BF16, double_quant=double_quant, head=head
     )
     meta = meta_quantized_weight_bytes(
         _meta(config), weights, DType.BF16, double_quant=double_quant, head=head

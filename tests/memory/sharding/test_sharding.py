@@ -227,11 +227,13 @@ def test_llama2_7b_on_a100_40gb():
     Printed (run with -s): ZeRO-2 in DeepSpeed's layout, ZeRO-3/FSDP2 with bf16
     MixedPrecisionPolicy, and FSDP2 with the optimizer on the CPU.
     """
-    from torchfit.memory import describe, estimate, gpu, model_config
+    from torchfit.memory import estimate, gpu
+    from torchfit.memory.analytic import spec_from_config
     from torchfit.memory.analytic.model_states import model_state_bytes
+    from torchfit.memory.catalog import model_config
 
     config = model_config("llama-2-7b")
-    spec = describe(config)
+    spec = spec_from_config(config)
     p = spec.num_params
     common = dict(
         batch_size=1, seq_len=4096, dtype="bf16", optimizer="adamw", gradient_checkpointing=True

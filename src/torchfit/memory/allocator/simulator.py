@@ -1,7 +1,7 @@
 """Replaying an allocation trace through the caching-allocator model.
 
 A trace is the ordered list of allocations and frees of a step: the `Event` list that
-`torchfit.memory.trace_events` records (``Trace.events``, taken as it is), or plain
+`torchfit.memory.tracing.trace_events` records (``Trace.events``, taken as it is), or plain
 tuples. `replay` runs it through a fresh `CachingAllocator`, after the warm-up's
 events when given (``Trace.warmup_events``: the step then starts from the segments and
 holes the warm-up left, as a measured step does), and returns its counters: this is how

@@ -1,6 +1,6 @@
 """Closed forms from a few numbers: model states, attention, KV cache, transformer blocks."""
 
-from torchfit.memory.analytic.arch import Family, TransformerSpec, describe
+from torchfit.memory.analytic.arch import Family, TransformerSpec, spec_from_config
 from torchfit.memory.analytic.formulas import (
     AttentionImpl,
     attention_bytes,
@@ -25,5 +25,5 @@ __all__ = [
     "optimizer_state_bytes",
     "Family",
     "TransformerSpec",
-    "describe",
+    "spec_from_config",
 ]

@@ -1,6 +1,6 @@
 """Describe a transformer by the few numbers the closed forms need.
 
-`describe` reads a transformers config (GPT-2; Llama, Mistral, Qwen2 and other
+`spec_from_config` reads a transformers config (GPT-2; Llama, Mistral, Qwen2 and other
 Llama-style decoders; BERT/RoBERTa encoders) into a `TransformerSpec`. Parameter counts
 are computed from the config alone — exact, and checked against a meta-device build in
 the tests — so a 175B model is described in microseconds.
@@ -14,7 +14,7 @@ from typing import Any
 
 from torchfit._core import checks
 
-__all__ = ["Family", "MoESpec", "TransformerSpec", "describe", "has_closed_form"]
+__all__ = ["Family", "MoESpec", "TransformerSpec", "spec_from_config", "has_closed_form"]
 
 
 #: Model types whose attention RMS-normalizes each query and key head (weights of head_dim).
@@ -140,7 +140,7 @@ class TransformerSpec:
 
 
 def has_closed_form(config: Any) -> bool:
-    """Whether `describe` reads this config (else `estimate` takes a meta-device pass).
+    """Whether `spec_from_config` reads this config (else `estimate` takes a meta-device pass).
 
     Example:
         >>> from transformers import LlamaConfig, T5Config
@@ -160,7 +160,7 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
 
 
 @checks.arguments(config=checks.model_ref())
-def describe(config: Any) -> TransformerSpec:
+def spec_from_config(config: Any) -> TransformerSpec:
     """Read a transformers config into a `TransformerSpec`.
 
     Raises:
@@ -169,7 +169,7 @@ def describe(config: Any) -> TransformerSpec:
 
     Example:
         >>> from transformers import GPT2Config
-        >>> spec = describe(GPT2Config())
+        >>> spec = spec_from_config(GPT2Config())
         >>> spec.num_params, spec.num_layers, spec.head_dim
         (124439808, 12, 64)
     """
@@ -187,6 +187,10 @@ def describe(config: Any) -> TransformerSpec:
         f"{', '.join(sorted(_LLAMA_LIKE | _BERT_LIKE | _MOE))}. estimate() plans any other "
         "model from a meta-device pass; torchfit.memory.trace(model, inputs) traces its step"
     )
+
+
+# The old name, only while torchfit.memory.plan.settings still imports it; not exported.
+describe = spec_from_config
 
 
 def _describe_gpt2(config: Any) -> TransformerSpec:

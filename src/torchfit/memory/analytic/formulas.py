@@ -14,7 +14,7 @@ import math
 
 from torchfit._core import checks
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.analytic.arch import TransformerSpec, describe
+from torchfit.memory.analytic.arch import TransformerSpec, spec_from_config
 from torchfit.memory.catalog.resolve import model_config
 
 __all__ = [
@@ -253,7 +253,7 @@ def kv_cache_bytes_for(
 ) -> int:
     """`kv_cache_bytes` for a transformers config (or a catalog name).
 
-    Layers, KV heads (GQA/MQA), head size and sliding window from the config (`describe`);
+    Layers, KV heads (GQA/MQA), head size and sliding window from the config (`spec_from_config`);
     ``dtype`` defaults to the config's ``torch_dtype``/``dtype``, else fp16.
 
     Example:
@@ -264,7 +264,7 @@ def kv_cache_bytes_for(
     """
     if isinstance(config, str):
         config = model_config(config)
-    spec = describe(config)
+    spec = spec_from_config(config)
     if dtype is None:
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         dtype = parse_dtype(stored) if stored is not None else DType.FP16

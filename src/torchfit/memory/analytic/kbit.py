@@ -50,8 +50,8 @@ def kbit_head_params(spec: TransformerSpec, *, prepared: bool, quantized_head: b
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> spec = describe(LlamaConfig(vocab_size=1000, hidden_size=64))
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> spec = spec_from_config(LlamaConfig(vocab_size=1000, hidden_size=64))
         >>> kbit_head_params(spec, prepared=True, quantized_head=False)
         64000
         >>> kbit_head_params(spec, prepared=False, quantized_head=False)

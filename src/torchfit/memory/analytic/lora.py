@@ -163,8 +163,8 @@ def resolve_targets(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> roles, head = resolve_targets(describe(LlamaConfig()), ["q_proj", "v_proj"])
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> roles, head = resolve_targets(spec_from_config(LlamaConfig()), ["q_proj", "v_proj"])
         >>> sorted(roles), head
         (['q', 'v'], False)
     """
@@ -218,8 +218,8 @@ def lora_parameters(spec: TransformerSpec, setup: LoraSetup) -> int:
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> spec = describe(LlamaConfig())  # Llama-2-7B's shapes
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> spec = spec_from_config(LlamaConfig())  # Llama-2-7B's shapes
         >>> lora_parameters(spec, LoraSetup(rank=8, roles=frozenset({"q", "v"})))
         4194304
     """

@@ -154,8 +154,8 @@ def bias_parameters(spec: TransformerSpec, roles: Iterable[str], *, bias: str) -
 
     Example:
         >>> from transformers import GPT2Config
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> bias_parameters(describe(GPT2Config(n_layer=1)), ["qkv"], bias="lora_only")
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> bias_parameters(spec_from_config(GPT2Config(n_layer=1)), ["qkv"], bias="lora_only")
         2304
     """
     if bias == "none":
@@ -258,8 +258,8 @@ def lora_setup(
 
     Example:
         >>> from transformers import GPT2Config
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> setup = lora_setup(describe(GPT2Config()))
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> setup = lora_setup(spec_from_config(GPT2Config()))
         >>> setup.rank, sorted(setup.roles)
         (8, ['qkv'])
     """

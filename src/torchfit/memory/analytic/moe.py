@@ -52,9 +52,9 @@ def moe_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
     Example:
         >>> from transformers import MixtralConfig
         >>> from torchfit._core.units import DType
-        >>> from torchfit.memory.analytic.arch import describe
+        >>> from torchfit.memory.analytic.arch import spec_from_config
         >>> from torchfit.memory.analytic.formulas import parse_attention
-        >>> spec = describe(MixtralConfig(hidden_size=64, intermediate_size=96))
+        >>> spec = spec_from_config(MixtralConfig(hidden_size=64, intermediate_size=96))
         >>> settings = BlockSettings(DType.FP32, parse_attention("sdpa"), "cpu")
         >>> sum(t.per_token for t in moe_terms(spec, settings))  # measured: 316 + 1536 + 2616
         4468.0

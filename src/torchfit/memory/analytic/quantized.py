@@ -78,8 +78,8 @@ def quantized_weight_bytes(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> spec = describe(LlamaConfig())  # Llama-2-7B shapes
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> spec = spec_from_config(LlamaConfig())  # Llama-2-7B shapes
         >>> round(quantized_weight_bytes(spec, DType.NF4, DType.BF16) / 2**30, 2)
         3.6
     """

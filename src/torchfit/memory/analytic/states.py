@@ -49,8 +49,8 @@ def parameter_shapes(spec: TransformerSpec) -> list[tuple[int, ...]]:
 
     Example:
         >>> from transformers import GPT2Config
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> parameter_shapes(describe(GPT2Config(n_layer=1)))[:2]
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> parameter_shapes(spec_from_config(GPT2Config(n_layer=1)))[:2]
         [(50257, 768), (1024, 768)]
     """
     h, i, kv = spec.hidden, spec.intermediate, spec.kv_dim

@@ -106,7 +106,7 @@ def find_batch_size(
     start: int | None = ...,
     predict: Predictor | None = ...,
     budget: Budget | None = ...,
-    max_batch_size: int | None = ...,
+    batch_limit: int | None = ...,
     probe_upward: bool = ...,
     effective_batch_size: None = None,
     margin: float | Margin | None = ...,
@@ -122,7 +122,7 @@ def find_batch_size(
     start: int | None = ...,
     predict: Predictor | None = ...,
     budget: Budget | None = ...,
-    max_batch_size: int | None = ...,
+    batch_limit: int | None = ...,
     probe_upward: bool = ...,
     effective_batch_size: int,
     margin: float | Margin | None = ...,
@@ -138,7 +138,7 @@ def find_batch_size(
     start: int | None = ...,
     predict: Predictor | None = ...,
     budget: Budget | None = ...,
-    max_batch_size: int | None = ...,
+    batch_limit: int | None = ...,
     probe_upward: bool = ...,
     effective_batch_size: None = None,
     margin: float | Margin | None = ...,
@@ -154,7 +154,7 @@ def find_batch_size(
     start: int | None = ...,
     predict: Predictor | None = ...,
     budget: Budget | None = ...,
-    max_batch_size: int | None = ...,
+    batch_limit: int | None = ...,
     probe_upward: bool = ...,
     effective_batch_size: int,
     margin: float | Margin | None = ...,
@@ -173,7 +173,7 @@ def find_batch_size(
     start: int | None = None,
     predict: Predictor | None = None,
     budget: Budget | None = None,
-    max_batch_size: int | None = None,
+    batch_limit: int | None = None,
     probe_upward: bool = False,
     effective_batch_size: int | None = None,
     margin: float | Margin | None = None,
@@ -192,7 +192,7 @@ def find_batch_size(
     The search:
 
     1. Starts at the predicted size (``predict`` within ``budget`` minus ``margin``, see
-       `max_batch_size`), else at ``start``, else at 128, capped by ``max_batch_size``
+       `max_batch_size`), else at ``start``, else at 128, capped by ``batch_limit``
        and ``effective_batch_size``.
     2. If a named optimizer has no state yet, runs one warm-up step at batch 2 (or less)
        first and probes from the state it leaves: later steps hold the optimizer state
@@ -235,7 +235,7 @@ def find_batch_size(
         predict: An `AffineEstimate` or a callable ``batch_size -> MemoryEstimate``.
         budget: Bytes, a size string, a `GPU` or a `SimulatedGPU`; by default the active
             `simulate_gpu` card, else this process's CUDA device (free + reserved bytes).
-        max_batch_size: Never try more than this.
+        batch_limit: Never try more than this.
         probe_upward: Look for a larger size after the first success.
         effective_batch_size: Keep ``batch_size * accumulation_steps`` at this value: the
             answer is the micro-batch and the accumulation steps (exact when a step count
@@ -279,7 +279,7 @@ def find_batch_size(
         start=start,
         predict=predict,
         budget=budget,
-        limit=max_batch_size,
+        batch_limit=batch_limit,
         probe_upward=probe_upward,
         effective=effective_batch_size,
         margin=margin,

@@ -184,7 +184,7 @@ def solve_batch_size(
     """
     chosen = margin if isinstance(margin, Margin) else Margin(float(margin))
     usable = chosen.usable(parse_bytes(budget_bytes))
-    return max(line.max_batch_size(usable), 0) if usable >= 0 else 0
+    return max(line.batch_within(usable), 0) if usable >= 0 else 0
 
 
 Predictor = AffineEstimate | Callable[[int], MemoryEstimate]

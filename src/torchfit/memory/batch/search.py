@@ -41,7 +41,7 @@ class Options:
     start: int | None
     predict: Predictor | None
     budget: Budget | None
-    limit: int | None
+    batch_limit: int | None
     probe_upward: bool
     effective: int | None
     margin: float | Margin | None
@@ -51,7 +51,7 @@ class Options:
 
     def __post_init__(self) -> None:
         """Refuse sizes that are not whole numbers."""
-        for name in ("start", "limit", "effective"):
+        for name in ("start", "batch_limit", "effective"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{_LABELS[name]} must be a whole number; got {value!r}")
@@ -77,7 +77,7 @@ class Options:
             resolve_margin(self.margin, kind, 0, None if found is None else found.card)
 
 
-_LABELS = {"start": "start", "limit": "max_batch_size", "effective": "effective_batch_size"}
+_LABELS = {"start": "start", "batch_limit": "batch_limit", "effective": "effective_batch_size"}
 
 
 def split_effective(effective: int, cap: int) -> tuple[int, int]:
@@ -119,7 +119,7 @@ class Search:
             if options.predict is not None:
                 with paused():  # a predictor's work (e.g. a trace) is not the step's memory
                     self.predicted, self.line = solve_predictor(options.predict, self.usable)
-        caps = [c for c in (options.limit, options.effective) if c is not None]
+        caps = [c for c in (options.batch_limit, options.effective) if c is not None]
         self.next = Bracket(
             usable=self.usable,
             budget=self.budget,

@@ -277,7 +277,7 @@ def build_model(
         >>> model = build_model("gpt2")
         >>> type(model).__name__, next(model.parameters()).device
         ('GPT2LMHeadModel', device(type='meta'))
-        >>> from torchfit.memory import count_parameters
+        >>> from torchfit.memory.catalog import count_parameters
         >>> count_parameters(model)
         124439808
         >>> next(build_model("llama-3-8b").parameters()).dtype

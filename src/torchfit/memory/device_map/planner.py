@@ -64,7 +64,7 @@ class Planner:
         context_bytes: int | str | None,
     ) -> None:
         """Resolve the model, its sizes and the cards once."""
-        from torchfit.memory.analytic.arch import describe  # noqa: PLC0415
+        from torchfit.memory.analytic.arch import spec_from_config  # noqa: PLC0415
 
         require("transformers", feature=FEATURE)
         self.cards = _cards(gpus)
@@ -92,7 +92,7 @@ class Planner:
             cls = model_class_for(config)
             named = isinstance(model, str | os.PathLike)
             self.name = os.fspath(model) if named else type(model).__name__
-        spec = describe(config)
+        spec = spec_from_config(config)
         self.seq = spec.max_positions if seq is None else seq
         self.batch, self.attn, self.kv_cache = batch, attn, kv_cache
         self.runtime: Runtime = runtime_figures(

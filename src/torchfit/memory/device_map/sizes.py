@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfit._bnb.layout import held_bytes, quantized_weight_bytes
-from torchfit._bnb.selection import QuantSettings, make_plan, out_in
+from torchfit._bnb.layout import held_bytes, quantized_linear_bytes
+from torchfit._bnb.selection import QuantSettings, out_in, select_layers
 from torchfit._core.bisection import last_true
 from torchfit._core.tensors import own_tensors
 from torchfit._core.units import DType
@@ -53,8 +53,8 @@ def tensor_bytes(
 ) -> dict[str, tuple[int, torch.Tensor]]:
     """``{full tensor name: (bytes on a CUDA device, tensor)}``, each shared tensor once.
 
-    With ``settings`` the layers `make_plan` picks (transformers' default skip list) hold
-    a bitsandbytes weight: packed codes plus scales (`quantized_weight_bytes`, the rule
+    With ``settings`` the layers `select_layers` picks (transformers' default skip list) hold
+    a bitsandbytes weight: packed codes plus scales (`quantized_linear_bytes`, the rule
     `torchfit.quantize.quantized_footprint(device="cuda")` counts with), each tensor
     rounded to the allocator's 512-byte blocks. Every other tensor holds
     ``numel x itemsize`` of the dtype the meta model was built in, rounded the same way.
@@ -64,7 +64,7 @@ def tensor_bytes(
     (`torchfit._core.ledger.storage_key`): accelerate places named tensors and ties
     parameters by object (``find_tied_parameters``), and `proxy_model` swaps objects.
     """
-    chosen = set(make_plan(model, settings, ()).quantize) if settings is not None else set()
+    chosen = set(select_layers(model, settings, ()).quantize) if settings is not None else set()
     seen: set[int] = set()
     sizes: dict[str, tuple[int, torch.Tensor]] = {}
     for prefix, module in model.named_modules():
@@ -74,7 +74,7 @@ def tensor_bytes(
             seen.add(id(tensor))
             name = f"{prefix}.{attr}" if prefix else attr
             if settings is not None and prefix in chosen and attr == "weight":
-                codes, scales = quantized_weight_bytes(
+                codes, scales = quantized_linear_bytes(
                     *out_in(module),
                     bits=settings.bits,
                     double_quant=settings.double_quant,

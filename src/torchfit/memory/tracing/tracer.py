@@ -51,7 +51,7 @@ from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode
 if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
 
-__all__ = ["TraceDevice", "cast_floating", "parse_device", "trace", "trace_events"]
+__all__ = ["TraceDevice", "cast_floating", "parse_trace_device", "trace", "trace_events"]
 
 
 class TraceDevice(enum.StrEnum):
@@ -61,7 +61,7 @@ class TraceDevice(enum.StrEnum):
     CUDA = "cuda"
 
 
-def parse_device(value: str | TraceDevice) -> TraceDevice:
+def parse_trace_device(value: str | TraceDevice) -> TraceDevice:
     """The target device of a trace: ``"cpu"`` or ``"cuda"`` (``"cuda:0"`` too)."""
     key = str(value).strip().lower()
     key = key.split(":", 1)[0]  # "cuda:0" -> "cuda"
@@ -163,7 +163,7 @@ def trace_events(
         optimizer_in_backward=optimizer_in_backward,
     )
     step_mode = parse_mode(mode)
-    target = parse_device(device)
+    target = parse_trace_device(device)
     training = step_mode is Mode.TRAIN
     fake_mode = new_fake_mode()
     fake_opt: torch.optim.Optimizer | None

@@ -14,7 +14,7 @@ from torchfit.memory.tracing.fake import reachable_tensors
 from torchfit.memory.tracing.result import Trace
 from torchfit.memory.tracing.scaler import SCALER_NOTE, scaler_assumes_finite
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
-from torchfit.memory.tracing.tracer import parse_device
+from torchfit.memory.tracing.tracer import parse_trace_device
 
 __all__ = ["trace_step"]
 
@@ -99,7 +99,7 @@ def trace_step(
         >>> t.estimate.optimizer == 4 * (32 * 32 + 32)  # momentum buffers
         True
     """
-    target = parse_device(device)
+    target = parse_trace_device(device)
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0 steps; got {warmup}")
     fake_mode = new_fake_mode()

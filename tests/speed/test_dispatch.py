@@ -4,7 +4,7 @@ import pytest
 from torch import nn
 
 from torchfit.speed import step_time
-from torchfit.speed.host import HOST_OP_S, host_seconds
+from torchfit.speed.dispatch import HOST_OP_S, host_seconds
 from torchfit.speed.ops import Op, OpKind, Phase
 
 

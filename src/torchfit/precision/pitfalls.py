@@ -1,4 +1,4 @@
-"""Checks that turn known mixed-precision failures into clear errors before they happen.
+"""Known mixed-precision pitfalls, turned into clear errors before they happen.
 
 Each check names what it found, why it breaks, and the fix. They run once, before the
 first backward (on the autograd graph of the loss) and at the first optimizer step (on

@@ -1,4 +1,4 @@
-"""The checks `torchfit.loaders` reports on.
+"""The worker hazards `torchfit.loaders` warns about.
 
 Samples an ``IterableDataset`` repeats in every worker, Python objects every worker
 copies, and batches in flight that would not fit in ``/dev/shm``.
