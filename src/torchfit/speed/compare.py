@@ -200,7 +200,6 @@ def compare_gpus(
     memory_kw = {k: v for k, v in step.items() if k in _MEMORY_KEYS}
     rows = []
     for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
-
         plan = plan_fits(model, card, batch_size=batch_size or 1, **memory_kw)
         largest = plan.largest_batch
         chosen = batch_size or largest

@@ -189,10 +189,6 @@ def spec_from_config(config: Any) -> TransformerSpec:
     )
 
 
-# The old name, only while torchfit.memory.plan.settings still imports it; not exported.
-describe = spec_from_config
-
-
 def _describe_gpt2(config: Any) -> TransformerSpec:
     h, layers, vocab = config.n_embd, config.n_layer, config.vocab_size
     inner = config.n_inner or 4 * h

@@ -90,13 +90,13 @@ def config_of(model: Any) -> Any:
 
 def transformer_spec(model: Any) -> Any:
     """The closed-form description of a text transformer; None for any other model."""
-    from torchfit.memory.analytic.arch import describe, has_closed_form  # noqa: PLC0415
+    from torchfit.memory.analytic.arch import has_closed_form, spec_from_config  # noqa: PLC0415
     from torchfit.memory.catalog.resolve import is_vision  # noqa: PLC0415
 
     config = config_of(model)
     if config is None or is_vision(config) or not has_closed_form(config):
         return None
-    return describe(config)
+    return spec_from_config(config)
 
 
 def default_seq_len(model: Any, settings: Settings) -> Settings:
