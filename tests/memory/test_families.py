@@ -109,7 +109,7 @@ def test_fits_plans_each_family_from_its_folder(family, tmp_path):
     FAMILIES[family]().save_pretrained(tmp_path)
     plan = fits(str(tmp_path), "RTX 3060", seq_len=SEQ, batch_size=BATCH)
     assert plan.fits
-    assert plan.max_batch_size > BATCH
+    assert plan.largest_batch > BATCH
     assert plan.estimate.notes[0].startswith("method: ")
 
 
