@@ -80,7 +80,11 @@ def _held(o: StepOutline, *, states: bool) -> Iterator[tuple[tuple[object, ...],
 
 
 def _no_grad_block(w: _Writer, o: StepOutline, tag: object) -> None:
-    """A block run without autograd: each intermediate freed when its lifetime ends."""
+    """A block run without autograd: each intermediate freed when its lifetime ends.
+
+    A `SAVED` one (an inference forward's cache) stays; one that outlives the block's
+    other allocations is freed at its end.
+    """
     alive: list[tuple[tuple[object, ...], int, int]] = []  # key, nbytes, allocations left
     for j, (nbytes, lives) in enumerate(o.block_transient):
         for entry in [a for a in alive if a[2] == 0]:
@@ -88,7 +92,8 @@ def _no_grad_block(w: _Writer, o: StepOutline, tag: object) -> None:
             alive.remove(entry)
         w.alloc(("tmp", tag, j), nbytes)
         alive = [(key, n, left - 1) for key, n, left in alive]
-        alive.append((("tmp", tag, j), nbytes, lives))
+        if lives != SAVED:
+            alive.append((("tmp", tag, j), nbytes, lives))
     for key, nbytes, _ in alive:
         w.free(key, nbytes)
 

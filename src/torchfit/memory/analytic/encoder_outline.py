@@ -7,7 +7,8 @@ has used it), and under autocast over fp32 weights every Linear keeps its own 16
 copy of its input and the autocast cache keeps each weight's 16-bit copy until its
 backward. The sequences below follow transformers' ``BertForMaskedLM`` (5.x,
 ``models/bert/modeling_bert.py``) as a real step allocates it: an H200 memory snapshot
-of a BERT-base fp16-autocast step (torch 2.11, batch 32, 512 tokens) lists, per layer,
+of a BERT-base fp16-autocast step (torch 2.11, batch 32, 512 tokens; case
+``T4_bert_mlm_16mixed_scaler_b32_s512`` of ``tests/memory/allocator/data``) lists, per layer,
 the three weight copies, input copies and projections of Q, K and V, SDPA's output and
 log-sum-exp, then for each half the dense output, the bool dropout mask, the dropped
 output, the fp32 residual sum and the fp32 LayerNorm output.
@@ -92,8 +93,8 @@ class _Sizes:
 
     def linear(self, elements: int, out: int, *, input_kept: int = 0) -> list[Transient]:
         """A Linear: its weight's copy, its input's copy (autocast) or input, its output."""
-        own = [(self.hw, SAVED)] if self.cast else [(input_kept, SAVED)] if input_kept else []
-        return [(self.weight(elements), SAVED), *own, (out, SAVED)]
+        kept = self.hw if self.cast else input_kept  # 0: an input kept elsewhere already
+        return [(self.weight(elements), SAVED), (kept, SAVED), (out, SAVED)]
 
     def dropped_sum(self, dense: int) -> list[Transient]:
         """Dense output, dropout (mask, dropped output), the fp32 residual sum, LayerNorm."""
