@@ -14,11 +14,15 @@ import dataclasses
 
 from torchfit._core import checks
 
-__all__ = ["StepOutline", "Transient"]
+__all__ = ["SAVED", "StepOutline", "Transient"]
 
 #: A tensor of a no-grad forward: its bytes, and for how many of the allocations after it
 #: it stays alive (then it is freed, before the next one).
 Transient = tuple[int, int]
+
+#: The lifetime of a tensor in a training forward's sequence (`StepOutline.block_forward`,
+#: ``embedding_forward``, ``head_forward``) that autograd saves: it lives until backward.
+SAVED = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,20 @@ class StepOutline:
         states: Optimizer state tensors, in the order the first step creates them.
         step_temporaries: The optimizer step's temporaries, alive together.
         kv_cache: One block's keys and values (an inference forward returning a cache).
+        block_forward: A training block's forward, every tensor in the order it is made
+            with its lifetime (`Transient`; `SAVED`: kept for backward), where the block
+            also frees tensors before backward (an encoder's dense outputs, dropout
+            outputs and normed copies). Given, it replaces ``block_saved`` in forward
+            (see `saved_by_block`).
+        embedding_forward: The embeddings' tensors before the first residual, likewise
+            (`SAVED` ones are freed after the last block's backward).
+        head_forward: The head's tensors before the logits, likewise, lifetimes counted
+            over the logits and the loss too; given, it replaces ``head_saved``.
+        loss_saved: How many of ``loss``'s last tensors are saved for backward. More than
+            one (a masked LM under CUDA autocast keeps its 16-bit log-softmax and
+            ``nll_loss``'s fp32 copy of it) makes the loss's backward a chain: each of
+            ``loss_grads`` is freed once the next exists, each saved tensor once its
+            gradient exists.
 
     Example:
         >>> o = StepOutline(training=False, parameters=(1024, 4096), num_layers=2)
@@ -82,9 +100,13 @@ class StepOutline:
     states: tuple[int, ...] = ()
     step_temporaries: tuple[int, ...] = ()
     kv_cache: tuple[int, ...] = ()
+    block_forward: tuple[Transient, ...] = ()
+    embedding_forward: tuple[Transient, ...] = ()
+    head_forward: tuple[Transient, ...] = ()
+    loss_saved: int = 1
 
     def __post_init__(self) -> None:
-        """Refuse negative sizes and lifetimes."""
+        """Refuse negative sizes and lifetimes, and a sequence given twice."""
         checks.fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -98,6 +120,31 @@ class StepOutline:
                     f"StepOutline.{field.name} holds {bad[0]!r}; expected whole numbers of "
                     "bytes (or lifetimes) >= 0"
                 )
+        for sequence, kept in (("block_forward", "block_saved"), ("head_forward", "head_saved")):
+            if getattr(self, sequence) and getattr(self, kept):
+                raise ValueError(
+                    f"StepOutline got both {sequence} and {kept}; expected one of them "
+                    f"({sequence}'s SAVED tensors are what is kept): drop {kept}"
+                )
+        if not 1 <= self.loss_saved <= max(len(self.loss), 1):
+            raise ValueError(
+                f"StepOutline.loss_saved is {self.loss_saved}; expected 1 to "
+                f"{max(len(self.loss), 1)}, the number of loss tensors"
+            )
+
+    @property
+    def saved_by_block(self) -> tuple[int, ...]:
+        """What one block keeps for backward: the `SAVED` tensors of ``block_forward``."""
+        if not self.block_forward:
+            return self.block_saved
+        return tuple(n for n, lives in self.block_forward if lives == SAVED)
+
+    @property
+    def saved_by_head(self) -> tuple[int, ...]:
+        """What the head keeps for backward before the logits (``head_forward``'s `SAVED`)."""
+        if not self.head_forward:
+            return self.head_saved
+        return tuple(n for n, lives in self.head_forward if lives == SAVED)
 
     @property
     def weights(self) -> int:

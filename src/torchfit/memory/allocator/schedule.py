@@ -34,7 +34,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from torchfit._core import checks
-from torchfit.memory.outline import StepOutline
+from torchfit.memory.outline import SAVED, StepOutline, Transient
 
 __all__ = ["Schedule", "step_schedule"]
 
@@ -80,7 +80,11 @@ def _held(o: StepOutline, *, states: bool) -> Iterator[tuple[tuple[object, ...],
 
 
 def _no_grad_block(w: _Writer, o: StepOutline, tag: object) -> None:
-    """A block run without autograd: each intermediate freed when its lifetime ends."""
+    """A block run without autograd: each intermediate freed when its lifetime ends.
+
+    A `SAVED` one (an inference forward's cache) stays; one that outlives the block's
+    other allocations is freed at its end.
+    """
     alive: list[tuple[tuple[object, ...], int, int]] = []  # key, nbytes, allocations left
     for j, (nbytes, lives) in enumerate(o.block_transient):
         for entry in [a for a in alive if a[2] == 0]:
@@ -88,14 +92,49 @@ def _no_grad_block(w: _Writer, o: StepOutline, tag: object) -> None:
             alive.remove(entry)
         w.alloc(("tmp", tag, j), nbytes)
         alive = [(key, n, left - 1) for key, n, left in alive]
-        alive.append((("tmp", tag, j), nbytes, lives))
+        if lives != SAVED:
+            alive.append((("tmp", tag, j), nbytes, lives))
     for key, nbytes, _ in alive:
         w.free(key, nbytes)
 
 
+def _run(w: _Writer, tensors: list[tuple[tuple[object, ...], int, int]]) -> None:
+    """Allocate ``(key, nbytes, lifetime)`` in order, each freed when its lifetime ends.
+
+    Lifetimes count the allocations after a tensor (`Transient`); `SAVED` ones stay, and
+    whatever else is alive after the last allocation is freed then.
+    """
+    alive: list[tuple[tuple[object, ...], int, int]] = []
+    for key, nbytes, lives in tensors:
+        for entry in [a for a in alive if a[2] == 0]:
+            w.free(entry[0], entry[1])
+            alive.remove(entry)
+        w.alloc(key, nbytes)
+        alive = [(k, n, left - 1) for k, n, left in alive]
+        if lives != SAVED:
+            alive.append((key, nbytes, lives))
+    for key, nbytes, _ in alive:
+        w.free(key, nbytes)
+
+
+def _named(
+    tensors: tuple[Transient, ...], saved: tuple[object, ...], scratch: tuple[object, ...]
+) -> list[tuple[tuple[object, ...], int, int]]:
+    """Keys for a forward sequence: ``(*saved, k)`` for the k-th `SAVED` tensor, else scratch."""
+    out, kept = [], 0
+    for j, (nbytes, lives) in enumerate(tensors):
+        if lives == SAVED:
+            out.append(((*saved, kept), nbytes, lives))
+            kept += 1
+        else:
+            out.append(((*scratch, j), nbytes, lives))
+    return out
+
+
 def _forward(w: _Writer, o: StepOutline) -> None:
     """Embeddings, then the blocks; every block's output (residual) stays until backward."""
-    w.alloc(("h", -1), o.residual)
+    embedding = _named(o.embedding_forward, ("embedding",), ("embedding scratch",))
+    _run(w, [*embedding, (("h", -1), o.residual, SAVED)])
     for layer in range(o.num_layers):
         if not o.training:
             _no_grad_block(w, o, layer)
@@ -103,6 +142,11 @@ def _forward(w: _Writer, o: StepOutline) -> None:
                 w.alloc(("kv", layer, k), nbytes)
         elif o.checkpointing:
             _no_grad_block(w, o, layer)
+        elif o.block_forward:  # the block's scratch is freed once its output exists
+            block = _named(o.block_forward, ("saved", layer), ("scratch", layer))
+            _run(w, [*block, (("h", layer), o.residual, SAVED)])
+            w.free(("h", layer - 1), o.residual)
+            continue
         else:
             for j, nbytes in enumerate(o.block_saved):
                 w.alloc(("saved", layer, j), nbytes)
@@ -112,32 +156,55 @@ def _forward(w: _Writer, o: StepOutline) -> None:
 
 
 def _head(w: _Writer, o: StepOutline) -> None:
-    """Final norm and head, the logits, the loss (its last tensor is saved)."""
-    for j, nbytes in enumerate(o.head_saved):
-        w.alloc(("head", j), nbytes)
-    w.alloc(("logits",), o.logits)
-    for j, nbytes in enumerate(o.loss):
-        w.alloc(("loss", j), nbytes)
-    for j, nbytes in list(enumerate(o.loss))[:-1]:
+    """Final norm and head, the logits, the loss (its last ``loss_saved`` tensors are saved)."""
+    head = _named(o.head_forward, ("head",), ("head scratch",))
+    if not o.head_forward:
+        head = [(("head", j), nbytes, SAVED) for j, nbytes in enumerate(o.head_saved)]
+    loss = [(("loss", j), nbytes, SAVED) for j, nbytes in enumerate(o.loss)]
+    _run(w, [*head, (("logits",), o.logits, SAVED), *loss])
+    for j, nbytes in list(enumerate(o.loss))[: len(o.loss) - o.loss_saved]:
         w.free(("loss", j), nbytes)
     w.free(("logits",), o.logits)
 
 
+def _loss_chain(w: _Writer, o: StepOutline) -> tuple[tuple[object, ...], int]:
+    """A loss that saved several tensors: its backward a chain of gradients.
+
+    ``nll_loss``'s backward frees its saved input once its gradient exists; each later
+    gradient (the cast's back to the logits' dtype, log-softmax's) frees the one before,
+    and log-softmax's frees its saved output. Returns the logits' gradient.
+    """
+    kept = list(enumerate(o.loss))[len(o.loss) - o.loss_saved :]
+    chain = [*((("dloss", j), n) for j, n in enumerate(o.loss_grads)), (("dlogits",), o.logits)]
+    for k, (key, nbytes) in enumerate(chain):
+        w.alloc(key, nbytes)
+        if k:
+            w.free(*chain[k - 1])
+        if k == 0 and kept:
+            j, n = kept.pop()
+            w.free(("loss", j), n)
+    for j, n in reversed(kept):
+        w.free(("loss", j), n)
+    return chain[-1]
+
+
 def _loss_backward(w: _Writer, o: StepOutline) -> None:
     """The loss's gradients, the logits' (back in the compute dtype), the head's weights'."""
-    grads = list(enumerate(o.loss_grads))
-    for j, nbytes in grads:
-        w.alloc(("dloss", j), nbytes)
-    for j, nbytes in grads[:-1]:
-        w.free(("dloss", j), nbytes)
-    if o.loss:
-        w.free(("loss", len(o.loss) - 1), o.loss[-1])
-    last: tuple[tuple[object, ...], int] = (("dloss", len(grads) - 1), grads[-1][1] if grads else 0)
-    upcast = len(o.loss) > 1  # the logits' gradient goes back to the compute dtype
-    if upcast:
-        w.alloc(("dlogits",), o.logits)
-        w.free(*last)
-        last = (("dlogits",), o.logits)
+    if o.loss_saved > 1:
+        last = _loss_chain(w, o)
+    else:
+        grads = list(enumerate(o.loss_grads))
+        for j, nbytes in grads:
+            w.alloc(("dloss", j), nbytes)
+        for j, nbytes in grads[:-1]:
+            w.free(("dloss", j), nbytes)
+        if o.loss:
+            w.free(("loss", len(o.loss) - 1), o.loss[-1])
+        last = (("dloss", len(grads) - 1), grads[-1][1] if grads else 0)
+        if len(o.loss) > 1:  # the logits' gradient goes back to the compute dtype
+            w.alloc(("dlogits",), o.logits)
+            w.free(*last)
+            last = (("dlogits",), o.logits)
     for j, nbytes in enumerate(o.head_gradients):
         w.alloc(("grad", "head", j), nbytes)
     w.alloc(("dh", o.num_layers - 1), o.residual)
@@ -148,7 +215,7 @@ def _backward(w: _Writer, o: StepOutline) -> None:
     """From the loss down to the embeddings, the weights' gradients appearing as it goes."""
     _loss_backward(w, o)
     top = o.num_layers - 1
-    for j, nbytes in enumerate(o.head_saved):
+    for j, nbytes in enumerate(o.saved_by_head):
         w.free(("head", j), nbytes)
     w.free(("h", top), o.residual)
     for layer in reversed(range(o.num_layers)):
@@ -156,12 +223,15 @@ def _backward(w: _Writer, o: StepOutline) -> None:
     for j, nbytes in enumerate(o.embedding_gradients):
         w.alloc(("grad", "embedding", j), nbytes)
     w.free(("dh", -1), o.residual)
+    for j, nbytes in enumerate(n for n, lives in o.embedding_forward if lives == SAVED):
+        w.free(("embedding", j), nbytes)
 
 
 def _block_backward(w: _Writer, o: StepOutline, layer: int) -> None:
     """One block's backward (recomputed first under checkpointing)."""
+    saved = o.saved_by_block
     if o.checkpointing:
-        for j, nbytes in enumerate(o.block_saved):
+        for j, nbytes in enumerate(saved):
             w.alloc(("saved", layer, j), nbytes)
     for j, nbytes in enumerate(o.block_grads):
         w.alloc(("dtmp", layer, j), nbytes)
@@ -169,7 +239,7 @@ def _block_backward(w: _Writer, o: StepOutline, layer: int) -> None:
         w.alloc(("grad", layer, j), nbytes)
     for j, nbytes in enumerate(o.block_grads):
         w.free(("dtmp", layer, j), nbytes)
-    for j, nbytes in reversed(list(enumerate(o.block_saved))):
+    for j, nbytes in reversed(list(enumerate(saved))):
         w.free(("saved", layer, j), nbytes)
     w.alloc(("dh", layer - 1), o.residual)
     w.free(("dh", layer), o.residual)

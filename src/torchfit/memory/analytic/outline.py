@@ -15,9 +15,9 @@ from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings, Term
 from torchfit.memory.analytic.formulas import INT64
 from torchfit.memory.analytic.states import parameter_shapes
-from torchfit.memory.outline import StepOutline, Transient
+from torchfit.memory.outline import SAVED, StepOutline, Transient
 
-__all__ = ["forward_outline", "no_grad_block", "split", "training_outline"]
+__all__ = ["forward_outline", "inference_block", "no_grad_block", "split", "training_outline"]
 
 _MLP_TENSORS = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
 
@@ -100,6 +100,73 @@ def no_grad_block(
     else:
         chain = _MLP_TENSORS.get(spec.activation, 1)
         mlp = [(math.ceil(i * m), 1) for _ in range(chain + 1)] + [(math.ceil(h * e), 0)]
+    return (*attention, *mlp)
+
+
+def _rms_norm(spec: TransformerSpec, settings: BlockSettings, tokens: int) -> list[Transient]:
+    """Llama's ``RMSNorm.forward`` as a real forward allocates it, before its output.
+
+    ``hidden_states.to(torch.float32)`` (none over an fp32 stream), ``pow(2)`` (freed
+    once ``mean`` has read it), ``hidden_states * torch.rsqrt(...)``, and its cast back
+    to the stream's dtype before the weight multiplies it (transformers 5.x,
+    ``LlamaRMSNorm``; the order an H200 snapshot of a Qwen2 forward lists).
+    """
+    h = tokens * spec.hidden
+    r = settings.residual
+    upcast: list[Transient] = [(h * 4, 2)] if r < 4 else []
+    back: list[Transient] = [(math.ceil(h * r), 1)] if r < 4 else []
+    return [*upcast, (h * 4, 0), (h * 4, 1 + len(back)), *back]
+
+
+def _rope(nbytes: int, then: int) -> list[Transient]:
+    """``q * cos + rotate_half(q) * sin``: ``rotate_half`` negates one half and concatenates.
+
+    ``then``: allocations after the rotated tensor before it is freed.
+    """
+    return [(nbytes, 4), (nbytes // 2, 1), (nbytes, 1), (nbytes, 1), (nbytes, then)]
+
+
+def inference_block(
+    spec: TransformerSpec, settings: BlockSettings, tokens: int, core: int, *, cache: bool
+) -> tuple[Transient, ...]:
+    """One Llama-style block of an inference forward, as a real one allocates it.
+
+    Unlike `no_grad_block` (a checkpointed forward's estimate), it follows the sequence an
+    H200 memory snapshot of a Qwen2 forward (transformers 5.17, SDPA, ``use_cache``) shows:
+    each RMSNorm's fp32 temporaries (`_rms_norm`), Q, K and V, the rotary embedding's
+    temporaries for Q then K (`_rope`), with a cache the keys' and values' copies the
+    ``DynamicCache`` concatenates (kept: `SAVED`), the attention output, ``o_proj``'s, the
+    residual sum the MLP half reads, then the MLP. Families other than Llama: `no_grad_block`.
+    """
+    if spec.family is not Family.LLAMA:
+        return no_grad_block(spec, settings, tokens, core)
+    e, r, m = settings.dtype.itemsize, settings.residual, settings.mlp_itemsize
+    h, i, kv = spec.hidden * tokens, spec.intermediate * tokens, spec.kv_dim * tokens
+    q, k = math.ceil(h * e), math.ceil(kv * e)
+    kept: list[Transient] = [(k, SAVED), (k, SAVED)] if cache else []
+    rope = 10 + len(kept)  # Q's and K's rotary temporaries, and the cache's copies
+    mlp: list[Transient] = [
+        *_rms_norm(spec, settings, tokens),
+        (math.ceil(h * r), 3),  # normed input of the MLP
+        (math.ceil(i * m), 1),  # gate
+        (math.ceil(i * m), 2),  # act(gate)
+        (math.ceil(i * m), 1),  # up
+        (math.ceil(i * m), 1),  # product
+        (math.ceil(h * e), 0),  # down
+    ]
+    attention: list[Transient] = [
+        *_rms_norm(spec, settings, tokens),
+        (math.ceil(h * r), rope + 5),  # normed input: through attention's output and o_proj
+        (q, 2 + 10),  # q: through k, v and both rotations
+        (k, 1 + 10),
+        (k, rope),  # v: until the cache has copied it
+        *_rope(q, 5 + len(kept) + 2),  # q rotated: until o_proj
+        *_rope(k, len(kept)),  # k rotated: until the cache has copied it
+        *kept,
+        (core, 1),  # attention output
+        (math.ceil(h * e), 1),  # o_proj output
+        (math.ceil(h * r), len(mlp)),  # the residual sum: through the MLP half
+    ]
     return (*attention, *mlp)
 
 
@@ -207,13 +274,14 @@ def forward_outline(
     """The `StepOutline` of an inference forward (no generation) over ``tokens`` tokens."""
     e = settings.dtype.itemsize
     per_layer = kv_cache // max(spec.num_layers, 1)
+    in_block = spec.family is Family.LLAMA  # the cache's copies are made inside the block
     return StepOutline(
         training=False,
         parameters=split(weights, _elements(spec)),
         inputs=(tokens * INT64,),
         num_layers=spec.num_layers,
         residual=math.ceil(tokens * spec.hidden * e),
-        block_transient=no_grad_block(spec, settings, tokens, core),
+        block_transient=inference_block(spec, settings, tokens, core, cache=kv_cache > 0),
         logits=math.ceil(tokens * spec.vocab * e),
-        kv_cache=split(per_layer, [1, 1]),
+        kv_cache=() if in_block else split(per_layer, [1, 1]),
     )

@@ -20,7 +20,7 @@ import math
 
 from torchfit._core.step import Loop, OptimizerName
 from torchfit._core.units import DType
-from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import (
     BlockSettings,
     Term,
@@ -29,6 +29,7 @@ from torchfit.memory.analytic.blocks import (
     loss_bytes,
     mlp_backward_width,
 )
+from torchfit.memory.analytic.encoder_outline import bert_training_outline
 from torchfit.memory.analytic.formulas import INT64
 from torchfit.memory.analytic.model_states import ModelStates
 from torchfit.memory.analytic.moe import (
@@ -39,6 +40,7 @@ from torchfit.memory.analytic.moe import (
 from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
 from torchfit.memory.analytic.outline import training_outline
 from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
+from torchfit.memory.outline import StepOutline
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
 __all__ = ["elem_of", "training_peak"]
@@ -190,13 +192,13 @@ def training_peak(
         if loss_chunk is not None
         or in_backward
         or spec.moe is not None
-        or spec.family.value not in {"gpt2", "llama"}  # outlines: decoders only
         or kept_grads
         or loop.keep_output
-        else training_outline(
+        else _outline(
             spec,
             settings,
             tokens=tokens,
+            seq_len=seq_len,
             weights=weights,
             gradients=states.gradients,
             optimizer=states.optimizer,
@@ -209,6 +211,56 @@ def training_peak(
             checkpointing=gradient_checkpointing,
             full=trainable == spec.num_params,
         ),
+    )
+
+
+def _outline(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    *,
+    tokens: int,
+    seq_len: int,
+    weights: int,
+    gradients: int,
+    optimizer: int,
+    step_temporaries: int,
+    block: list[Term],
+    head: list[Term],
+    loss_grads: int,
+    block_grads: int,
+    dequantized: int,
+    checkpointing: bool,
+    full: bool,
+) -> StepOutline | None:
+    """The step's `StepOutline`: a decoder's, or a fully trained BERT's (`encoder_outline`)."""
+    if spec.family is Family.BERT:
+        if checkpointing or not full or dequantized:
+            return None  # adapters and recomputation: not outlined for encoders
+        return bert_training_outline(
+            spec,
+            settings,
+            tokens=tokens,
+            seq_len=seq_len,
+            weights=weights,
+            gradients=gradients,
+            optimizer=optimizer,
+            step_temporaries=step_temporaries,
+        )
+    return training_outline(
+        spec,
+        settings,
+        tokens=tokens,
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        step_temporaries=step_temporaries,
+        block=block,
+        head=head,
+        loss_grads=loss_grads,
+        block_grads=block_grads,
+        dequantized=dequantized,
+        checkpointing=checkpointing,
+        full=full,
     )
 
 
