@@ -44,8 +44,8 @@ def bert_parameters(spec: TransformerSpec) -> list[int]:
 
     Example:
         >>> from transformers import BertConfig
-        >>> from torchfit.memory.analytic.arch import describe
-        >>> spec = describe(BertConfig())
+        >>> from torchfit.memory.analytic.arch import spec_from_config
+        >>> spec = spec_from_config(BertConfig())
         >>> sum(bert_parameters(spec)) == spec.num_params
         True
     """
