@@ -95,10 +95,7 @@ def step_kwargs(rec: dict[str, Any]) -> dict[str, Any]:
             kw["max_new_tokens"] = rec["new_tokens"]
         return kw
     optimizer = rec.get("optimizer", "adamw")
-    kw["optimizer"] = {"adamw-fused": "adamw", "adamw-loop": "adamw"}.get(optimizer, optimizer)
-    kw["optimizer_implementation"] = {"adamw-fused": "fused", "adamw-loop": "loop"}.get(
-        optimizer, "foreach"
-    )
+    kw["optimizer"] = {"adamw-loop": "adamw-for-loop"}.get(optimizer, optimizer)
     kw["gradient_checkpointing"] = bool(rec.get("gradient_checkpointing"))
     if rec.get("qlora") or rec.get("prepare_model_for_kbit_training"):
         kw.update(dtype="nf4", precision="bf16-mixed", gradient_checkpointing=True)
@@ -183,8 +180,11 @@ def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
         kw["input_shape"] = tuple(run["input_shape"])
     else:
         kw["seq_len"] = run["seq"]
-    kw["optimizer"] = run.get("optimizer", "adamw")
-    kw["optimizer_implementation"] = run.get("optimizer_implementation", "foreach")
+    optimizer = run.get("optimizer", "adamw")
+    implementation = run.get("optimizer_implementation", "foreach")  # foreach: the name alone
+    kw["optimizer"] = {"fused": f"{optimizer}-fused", "loop": f"{optimizer}-for-loop"}.get(
+        implementation, optimizer
+    )
     kw["gradient_checkpointing"] = bool(run.get("gradient_checkpointing"))
     if run.get("channels_last"):
         kw["channels_last"] = True

@@ -7,8 +7,6 @@ parameter of each signature, then calls each with one wrong value at a time.
 
 from __future__ import annotations
 
-import inspect
-
 import torchfit
 from bad_input_common import (
     BUDGET,
@@ -115,23 +113,12 @@ _TOP: list[Case] = [
         lambda: torchfit.step_time,
         kwargs={"model": "gpt2", "gpu_name": "H200", "batch_size": 2, "seq_len": 64},
         kinds={
-            k: v
-            for k, v in ESTIMATE.items()
-            if k in inspect.signature(torchfit.step_time).parameters
-        }
-        | {
+            "model": ESTIMATE["model"],
             "gpu_name": CARD,
-            "optimizer_implementation": NAME,
+            "step": Kind("step", (3, "train", {"batch_size": 2}, [1])),
             "channels_last": FLAG,
         },
-        bases={
-            "input_shape": {
-                "model": tiny(),
-                "gpu_name": "H200",
-                "batch_size": 2,
-                "input_shape": (8,),
-            }
-        },
+        partial=True,  # **keywords: torchfit.Step's fields, checked by the Step case
     ),
     Case(
         "compare_gpus",
@@ -140,13 +127,15 @@ _TOP: list[Case] = [
         kinds={
             "model": ESTIMATE["model"],
             "gpus": Kind("cards", ("", 42, [], ["no such card"], True)),
-            "batch_size": COUNT,
+            "step": Kind("step", (3, "train", {"batch_size": 2}, [1])),
+            "at_largest_batch": FLAG,
             "tokens": POSITIVE,
             "samples": POSITIVE,
             "price_per_hour": Kind("prices", (3, {"H200": -1.0}, {"H200": "x"}, {"nope": 1.0})),
+            "channels_last": FLAG,
         },
         names={"price_per_hour": ("price",)},
-        partial=True,  # **step: step_time's keywords, checked there
+        partial=True,  # **keywords: torchfit.Step's fields, checked by the Step case
     ),
     Case(
         "fits",

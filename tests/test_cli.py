@@ -347,7 +347,7 @@ def test_several_gpus_compare_the_cards_and_name_the_fastest_and_cheapest(capsys
     # each card's largest batch is the one a single-card plan finds
     assert main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "512", "--json"]) == 0
     single = json.loads(capsys.readouterr().out)
-    assert by_card["NVIDIA GeForce RTX 3060 12GB"]["max_batch"] == single["largest_batch"]
+    assert by_card["NVIDIA GeForce RTX 3060 12GB"]["largest_batch"] == single["largest_batch"]
     cheapest = min(data["rows"], key=lambda row: row["cost"])["gpu"]
     assert out[-1].split(": ")[1].startswith(cheapest)
 

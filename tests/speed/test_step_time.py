@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchfit import Step, fits
 from torchfit.speed import StepTime, compare_gpus, step_time
 
 transformers = pytest.importorskip("transformers")
@@ -64,7 +65,10 @@ def test_compare_gpus_table_and_costs():
         ({"batch_size": 2.5}, TypeError, r"batch_size"),
         ({"batch_size": 1, "precision": "bf17"}, ValueError, r"unknown precision 'bf17'.*expected"),
         ({"batch_size": 1, "mode": "serve"}, ValueError, r"unknown mode 'serve'; expected"),
-        ({"batch_size": 1, "optimizer_implementation": "fast"}, ValueError, r"foreach"),
+        ({"batch_size": 1, "optimizer_implementation": "fused"}, TypeError, r"adamw-fused"),
+        ({"batch_size": 1, "trainable_params": 1000}, ValueError, r"lora_rank=.*leave"),
+        ({"batch_size": 1, "frozen_base": True}, ValueError, r"frozen_base=True\) without"),
+        ({"batch_size": 1, "device": "cpu"}, ValueError, r"Step\(device='cpu'\).*leave device"),
         ({"batch_size": 1, "optimizer": "adamx"}, ValueError, r"adamx"),
         ({"batch_size": 1, "seq_len": 4096}, ValueError, r"seq_len=4096 is beyond.*128"),
         ({"batch_size": 1, "input_shape": (3, 8, 8)}, ValueError, r"give seq_len= instead"),
@@ -166,3 +170,59 @@ def test_channels_last_leaves_the_callers_module_as_it_was():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
     step_time(model, "H200", batch_size=2, input_shape=(3, 16, 16), channels_last=True)
     assert model[0].weight.is_contiguous()
+
+
+def test_a_step_times_as_its_keywords_and_refuses_keywords_beside_it():
+    step = Step(batch_size=4, seq_len=128, precision="bf16-mixed", lora_rank=8)
+    by_step = step_time(TINY, "H100", step)
+    by_keywords = step_time(TINY, "H100", batch_size=4, seq_len=128, precision="bf16-mixed",
+                            lora_rank=8)  # fmt: skip
+    assert by_step.seconds == by_keywords.seconds and by_step.breakdown == by_keywords.breakdown
+    with pytest.raises(TypeError, match=r"a Step and step keywords \(seq_len=\) together"):
+        step_time(TINY, "H100", step, seq_len=64)
+    with pytest.raises(TypeError, match=r"step must be Step or None; got \{'batch_size': 4\}"):
+        step_time(TINY, "H100", {"batch_size": 4})
+
+
+def test_without_a_precision_the_card_picks_it_as_fits_does():
+    t4 = step_time(TINY, "T4", batch_size=4, seq_len=128)  # no native bf16: fp16 autocast
+    plan = fits(TINY, "T4", batch_size=4, seq_len=128)
+    assert plan.step.precision == "16-mixed"
+    assert any("mixed fp16" in note for note in t4.notes)
+    assert t4.seconds == step_time(TINY, "T4", plan.step).seconds
+    h100 = step_time(TINY, "H100", batch_size=4, seq_len=128)
+    assert any("mixed bf16" in note for note in h100.notes)
+
+
+def test_the_optimizer_names_its_implementation_and_in_backward_runs_a_loop():
+    kw = {"batch_size": 2, "seq_len": 64, "precision": "bf16-mixed"}
+
+    def optimizer_seconds(**more):
+        found = step_time(TINY, "H100", **kw, **more)
+        return sum(r.seconds for r in found.breakdown if r.phase == "optimizer")
+
+    foreach, fused = optimizer_seconds(), optimizer_seconds(optimizer="adamw-fused")
+    loop = optimizer_seconds(optimizer="adamw-for-loop")
+    assert fused < foreach < loop
+    assert optimizer_seconds(optimizer_in_backward=True) == pytest.approx(loop)
+
+
+def test_memory_only_fields_leave_the_time_alone_and_a_chunked_loss_is_said():
+    kw = {"batch_size": 2, "seq_len": 64, "precision": "bf16-mixed"}
+    plain = step_time(TINY, "H100", **kw)
+    kept = step_time(TINY, "H100", **kw, keep_output=True, set_to_none=False)
+    assert kept.seconds == plain.seconds
+    chunked = step_time(TINY, "H100", **kw, loss_chunk_size=16)
+    assert any("chunks of 16 positions" in note for note in chunked.notes)
+    assert not any("chunks" in note for note in plain.notes)
+
+
+def test_compare_gpus_takes_a_step_and_its_batch_unless_asked_for_the_largest():
+    step = Step(batch_size=2, seq_len=128, precision="bf16-mixed")
+    table = compare_gpus(TINY, ["H100", "L4"], step)
+    assert [row.batch_size for row in table.rows] == [2, 2]
+    assert table.rows[0].time.seconds == step_time(TINY, "H100", step).seconds
+    largest = compare_gpus(TINY, ["L4"], step, at_largest_batch=True)
+    assert largest.rows[0].batch_size == largest.rows[0].largest_batch > 2
+    with pytest.raises(ValueError, match=r"batch_size=2 and at_largest_batch=True"):
+        compare_gpus(TINY, ["L4"], batch_size=2, seq_len=64, at_largest_batch=True)

@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
             f"--price names {unknown}, which is not a compared --gpu ({args.gpu}); use the "
             "name as given to --gpu"
         )
+    if keywords.get("batch_size") is None:
+        keywords.pop("batch_size", None)  # no --batch: each card at its largest batch
     table = compare_gpus(
         args.model,
         args.gpu,
-        batch_size=keywords.pop("batch_size", None),  # None: each card at its largest batch
         tokens=args.tokens,
         samples=args.samples,
         price_per_hour=prices or None,

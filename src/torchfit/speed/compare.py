@@ -10,29 +10,12 @@ from torchfit._core import checks
 from torchfit.memory.gpus import GPU, gpu
 from torchfit.memory.plan import fits as plan_fits
 from torchfit.memory.plan.device import device_estimate
+from torchfit.memory.step import Step
+from torchfit.memory.step.entry import card_step
 from torchfit.speed.result import StepTime
 from torchfit.speed.timing import step_time
 
 __all__ = ["CardRow", "Comparison", "compare_gpus"]
-
-#: `step_time` keywords `torchfit.memory.estimate` takes under the same name.
-_MEMORY_KEYS = (
-    "seq_len",
-    "input_shape",
-    "dtype",
-    "precision",
-    "mode",
-    "optimizer",
-    "gradient_checkpointing",
-    "attn_implementation",
-    "gradient_accumulation_steps",
-    "lora",
-    "lora_rank",
-    "lora_targets",
-    "lora_dropout",
-    "base_dtype",
-    "max_new_tokens",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +28,8 @@ class CardRow:
             the allocator's OOM line plus the CUDA context).
         peak_bytes: What the step at ``batch_size`` needs on the card
             (`MemoryEstimate.device_needed`).
-        max_batch: The largest batch that fits (0: none), as `torchfit.fits` finds it.
-        batch_size: The batch timed: the one asked for, else ``max_batch``.
+        largest_batch: The largest batch that fits (0: none), as `torchfit.fits` finds it.
+        batch_size: The batch timed: the one asked for, else ``largest_batch``.
         time: The step's `StepTime` at ``batch_size`` (None when nothing fits).
         hours: Hours for the comparison's budget (None without a budget or a fit).
         cost: What those hours cost at the card's price (None without a price).
@@ -55,7 +38,7 @@ class CardRow:
     gpu: str
     fits: bool
     peak_bytes: int
-    max_batch: int
+    largest_batch: int
     batch_size: int
     time: StepTime | None
     hours: float | None
@@ -97,14 +80,14 @@ class Comparison:
         ]
         for row in self.rows:
             if row.time is None:
-                lines.append(f"  {row.gpu:<30} {'no':<5} {row.max_batch:>6}")
+                lines.append(f"  {row.gpu:<30} {'no':<5} {row.largest_batch:>6}")
                 continue
             rate = row.time.tokens_per_s or row.time.samples_per_s
             unit = "tok" if row.time.tokens_per_s is not None else "smp"
             hours = "" if row.hours is None else f"{row.hours:9.1f}"
             cost = "" if row.cost is None else f"{row.cost:9.2f}"
             lines.append(
-                f"  {row.gpu:<30} {'yes' if row.fits else 'no':<5} {row.max_batch:>6} "
+                f"  {row.gpu:<30} {'yes' if row.fits else 'no':<5} {row.largest_batch:>6} "
                 f"{row.batch_size:>6} {row.time.seconds * 1e3:9.1f} {rate:>8,.0f} {unit} "
                 f"{row.time.mfu:5.0%} {hours:>9} {cost:>9}"
             )
@@ -157,34 +140,45 @@ def _checked(
     return prices
 
 
-@checks.arguments(batch_size=checks.whole(at_least=1))
+@checks.arguments()
 def compare_gpus(
     model: Any,
     gpus: Sequence[str | GPU],
+    step: Step | None = None,
     *,
-    batch_size: int | None = None,
+    at_largest_batch: bool | None = None,
     tokens: float | None = None,
     samples: float | None = None,
     price_per_hour: Mapping[str, float] | None = None,
-    **step: Any,
+    channels_last: bool = False,
+    **keywords: Any,
 ) -> Comparison:
     """Time one step on several cards, each at a batch that fits.
+
+    Each card plans and times the same step (`torchfit.fits`, `step_time`); a step
+    without ``precision`` takes each card's own (bf16 where it has native bf16, else
+    fp16), as `fits` does.
 
     Args:
         model: What `step_time` takes.
         gpus: Card names or `torchfit.memory.GPU` objects.
-        batch_size: The batch to time on every card; None times each card at the largest
-            batch that fits (`torchfit.fits`).
+        step: The step, a `torchfit.Step`; or give its fields as ``keywords``.
+        at_largest_batch: Time each card at the largest batch that fits it. By default
+            yes when no batch is given (keywords without ``batch_size``), else the step's
+            batch on every card.
         tokens: A token budget (language models): hours and cost to process it.
         samples: A sample budget, instead of ``tokens``.
         price_per_hour: Price per card-hour by the names given in ``gpus``.
-        **step: `step_time`'s other keywords (``seq_len``, ``precision``, ...).
+        channels_last: `step_time`'s: an image model in NHWC memory format.
+        **keywords: The step's fields (``seq_len``, ``precision``, ...).
 
     Returns:
         A `Comparison`; print it for the table.
 
     Raises:
-        ValueError: both budgets, a price for a card not compared, or a bad keyword.
+        ValueError: both budgets, a price for a card not compared, ``batch_size`` with
+            ``at_largest_batch=True``, or a bad field.
+        TypeError: a `Step` and keywords together, or an unknown keyword.
 
     Example:
         >>> table = compare_gpus("gpt2", ["H100", "A100 80GB"], batch_size=8, seq_len=1024,
@@ -197,20 +191,28 @@ def compare_gpus(
     unknown = sorted(set(prices) - set(names))
     if unknown:
         raise ValueError(f"price_per_hour names cards not compared: {unknown}; compared: {names}")
-    memory_kw = {k: v for k, v in step.items() if k in _MEMORY_KEYS}
+    if keywords.get("batch_size", 0) is None:  # batch_size=None: the same as left out
+        del keywords["batch_size"]
+    largest_wanted = _largest_wanted(
+        at_largest_batch=at_largest_batch, step=step, keywords=keywords
+    )
     rows = []
     for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
-        plan = plan_fits(model, card, batch_size=batch_size or 1, **memory_kw)
+        chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
+        plan = plan_fits(model, card, chosen_step)
         largest = plan.largest_batch
-        chosen = batch_size or largest
+        chosen = largest if largest_wanted else chosen_step.batch_size
         peak = 0
-        if chosen == plan.step.batch_size:
+        if chosen == chosen_step.batch_size:
             peak = plan.estimate.device_needed
         elif chosen:
             at = plan.settings.replace(batch_size=chosen)
             peak = device_estimate(model, at, card).device_needed
-        fits = chosen >= 1 and chosen <= largest
-        timed = step_time(model, card, batch_size=chosen, **step) if chosen else None
+        fits = 1 <= chosen <= largest
+        timed = None
+        if chosen:
+            at_batch = chosen_step.replace(batch_size=chosen)
+            timed = step_time(model, card, at_batch, channels_last=channels_last)
         hours = cost = None
         if timed is not None and (tokens is not None or samples is not None):
             hours = (
@@ -223,3 +225,18 @@ def compare_gpus(
     budget = f"{samples:.3g} samples" if samples is not None else budget
     label = rows[0].time.model if rows and rows[0].time else str(model)
     return Comparison(label, tuple(rows), budget)
+
+
+def _largest_wanted(
+    *, at_largest_batch: bool | None, step: Step | None, keywords: dict[str, Any]
+) -> bool:
+    """Each card at its largest batch: asked, or by default when no batch is given."""
+    given = step is not None or keywords.get("batch_size") is not None
+    if at_largest_batch and keywords.get("batch_size") is not None:
+        raise ValueError(
+            f"batch_size={keywords['batch_size']} and at_largest_batch=True: two batches; "
+            "leave batch_size out to time each card at its largest, or drop at_largest_batch"
+        )
+    if at_largest_batch is None:
+        return not given
+    return at_largest_batch

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,7 +83,11 @@ def add_lora(built: Built, lora: Any) -> None:
     """Wrap ``built.module`` in PEFT's LoRA model for ``lora`` (a ``peft.LoraConfig``)."""
     peft = require("peft", feature="timing LoRA adapters")
     try:
-        built.module = peft.get_peft_model(built.module, lora)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
+            # (transformers 5: "use is_activation_checkpointing"): not the user's code
+            warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+            built.module = peft.get_peft_model(built.module, lora)
     except ValueError as e:  # PEFT's NoMatchingPeftModuleError and kin
         targets = getattr(lora, "target_modules", None)
         raise ValueError(

@@ -29,8 +29,8 @@ from torchfit.memory.plan.settings import Settings, default_seq_len, max_positio
 from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
-from torchfit.memory.step import AUTO, Step
-from torchfit.memory.step.entry import given_step
+from torchfit.memory.step import Step
+from torchfit.memory.step.entry import card_step
 
 __all__ = ["Plan", "fits"]
 
@@ -148,37 +148,6 @@ def _optimizer_name(optimizer: Any) -> str:
     return str(parse_optimizer(optimizer).value)
 
 
-def _step_of(step: Step | None, keywords: dict[str, Any], card: GPU) -> Step:
-    """The step `fits` plans: given, or from keywords; its precision chosen for ``card``.
-
-    Without ``precision`` (and with ``dtype`` left out, ``"auto"`` or a 4/8-bit format)
-    the card picks: bf16 where it has native bf16, else fp16, mixed in training.
-    """
-    if step is None:
-        keywords = {k: v for k, v in keywords.items() if k != "precision" or v is not None}
-        dtype = keywords.get("dtype", AUTO)
-        if str(dtype).strip().lower() == AUTO:
-            keywords.pop("dtype", None)
-            keywords.setdefault("precision", AUTO)
-        elif "precision" not in keywords and _is_quantized(dtype):
-            keywords["precision"] = AUTO
-    chosen = given_step(step, keywords, where="fits(model, gpu, step)")
-    if chosen.device != "cuda":
-        raise ValueError(
-            f"fits() plans a step on a CUDA card; got Step(device={chosen.device!r}): "
-            "leave device out (or pass 'cuda'), or estimate a CPU step with torchfit.estimate"
-        )
-    return chosen.for_card(card.bf16)
-
-
-def _is_quantized(dtype: Any) -> bool:
-    """``dtype`` names a 4/8-bit format (an unknown name is left for `Step` to refuse)."""
-    try:
-        return parse_dtype(dtype).is_quantized
-    except (ValueError, TypeError):
-        return False
-
-
 @checks.arguments(
     # a budget in bytes: under 1 MiB nothing fits, so a small number was meant as GB
     gpu=checks.number(
@@ -259,7 +228,7 @@ def fits(
         )
     settings = Settings(
         model=model if isinstance(model, str) else type(model).__name__,
-        step=_step_of(step, keywords, card),
+        step=card_step(step, keywords, card, where="fits(model, gpu, step)"),
         world_size=count,
         strategy=None if strategy is None else parse_strategy(strategy).value,
         offload_optimizer=offload_optimizer,
