@@ -356,7 +356,7 @@ def test_several_gpus_compare_the_cards_and_name_the_fastest_and_cheapest(capsys
     ("extra", "named"),
     [
         (["--strategy", "fsdp"], "--strategy"),
-        (["--loss-chunk", "128"], "--loss-chunk"),
+        (["--trainable-params", "1000"], "--trainable-params"),
         (["--machine", "desktop-3060"], "--machine"),
         (["--price", "A100=1.0"], "--price"),
     ],
@@ -366,3 +366,13 @@ def test_a_comparison_refuses_what_it_cannot_time(extra, named, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("torchfit: error: ") and named in err
+
+
+def test_a_comparison_plans_memory_only_flags_and_times_the_step(capsys):
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--gpu", "H100", "--seq", "512", "--json"]
+    assert main(argv) == 0
+    plain = {row["gpu"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert main([*argv, "--loss-chunk", "64"]) == 0  # no whole logits tensor
+    chunked = {row["gpu"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    card = "NVIDIA GeForce RTX 3060 12GB"
+    assert chunked[card]["largest_batch"] > plain[card]["largest_batch"]

@@ -18,14 +18,8 @@ from torchfit.memory.step import Step
 
 __all__ = ["add_flags", "refuse_budget_flags", "run"]
 
-#: The step fields a comparison times (`step_time`'s keywords); the others are refused.
-_TIMED = frozenset(
-    {
-        "batch_size", "seq_len", "input_shape", "precision", "optimizer",
-        "gradient_checkpointing", "attn_implementation", "gradient_accumulation_steps",
-        "lora_rank", "lora_targets", "lora_dropout", "base_dtype", "max_new_tokens",
-    }
-)  # fmt: skip
+#: Step fields `step_time` cannot time (it refuses them): a comparison refuses their flags.
+_UNTIMED = ("trainable_params", "quantize_head")
 #: Flags of a single-card plan that a comparison does not take, by their argparse dest.
 _SINGLE = {
     "strategy": "--strategy", "gpus_per_node": "--gpus-per-node",
@@ -80,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     _refuse_single_card_flags(args)
     cards = [gpu(name) for name in args.gpu]
-    fields = {k: v for k, v in step_fields(args).items() if k in _TIMED}  # no --batch:
+    fields = step_fields(args)  # without --batch: each card at its largest batch
     keywords: dict[str, Any] = {"mode": args.mode, **fields}
     if str(args.dtype).lower() != "auto":
         keywords["dtype"] = args.dtype
@@ -93,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
             f"--price names {unknown}, which is not a compared --gpu ({args.gpu}); use the "
             "name as given to --gpu"
         )
-    if keywords.get("batch_size") is None:
-        keywords.pop("batch_size", None)  # no --batch: each card at its largest batch
     table = compare_gpus(
         args.model,
         args.gpu,
@@ -159,7 +151,7 @@ def _refuse_single_card_flags(args: argparse.Namespace) -> None:
     untimed = [
         STEP_FLAGS[name]
         for name, value in step_fields(args).items()
-        if name not in _TIMED and value != defaults[name]
+        if name in _UNTIMED and value != defaults[name]
     ]
     if given or untimed:
         names = ", ".join(given + untimed)
