@@ -71,9 +71,7 @@ def test_a_contiguous_layer_norm_input_needs_no_copy():
     x = torch.randn(2, 9, 32)
     assert hidden_copies("native_layer_norm", (x, [32], None, None, 1e-5)) == []
     strided = x.transpose(0, 1)
-    assert hidden_copies("native_layer_norm", (strided, [32], None, None, 1e-5)) == [
-        2 * x.nbytes
-    ]
+    assert hidden_copies("native_layer_norm", (strided, [32], None, None, 1e-5)) == [2 * x.nbytes]
 
 
 def _attention_backward(permute_first: bool):
