@@ -22,6 +22,16 @@ Dao 2023, arXiv:2307.08691; 35% on H100, FA3 paper): x1.95. The memory-efficient
 kernel (fp32, or a mask) runs at 0.6 of that: FA2 is 1.3-2x xformers' kernel in Dao
 2023's Figure 4-5 comparisons, taken at its low end.
 
+**Dropout inside fused attention** draws a Philox random number for every score
+element, forward and again in backward (the mask is regenerated, not stored), on the
+integer units beside the tensor cores. Measured on the FlashAttention kernels that
+draw the same mask as FA2 (bit-identical Philox stream): "dropout costs ~20-40% over
+no-drop ... fwd ≈ 75-85%, bwd ≈ 60-70% of no-drop TFLOPS", roughly constant across
+sequence lengths (Dao-AILab/flash-attention pull 2597, 2026, head sizes 64 and 128,
+p = 0.125). `ATTENTION_DROPOUT` takes the middle of each range, for 16-bit attention on
+tensor cores: an fp32 kernel's math runs on CUDA cores many times slower and hides the
+random numbers (`torchfit.speed.roofline`).
+
 **FlashAttention-2's tiles**: the kernel computes whole tiles of query rows by key
 columns, so a sequence that is not a multiple of the tile pays for the padded one. The
 tiles are FA2's launch templates (``csrc/flash_attn/src/flash_fwd_launch_template.h`` and
@@ -62,6 +72,7 @@ import dataclasses
 import math
 
 __all__ = [
+    "ATTENTION_DROPOUT",
     "ATTENTION_OTHER_ARCH",
     "EFFICIENT_ATTENTION",
     "HOPPER_MEMORY",
@@ -125,6 +136,9 @@ def memory_curve(*, hopper: bool) -> MemoryCurve:
 
 ATTENTION_OTHER_ARCH = 0.73 / 0.374
 EFFICIENT_ATTENTION = 0.6
+#: Share of its no-dropout rate fused attention keeps with dropout, forward and
+#: backward (module notes: the middle of 75-85% and 60-70%).
+ATTENTION_DROPOUT = {"forward": 0.80, "backward": 0.65}
 
 
 class MatmulFit:
@@ -223,7 +237,14 @@ def _fa2(phase: str, *, causal: bool, head_dim: int, seq: int) -> float:
 
 
 def attention_efficiency(
-    *, backward: bool, causal: bool, head_dim: int, seq: int, hopper: bool, backend: str
+    *,
+    backward: bool,
+    causal: bool,
+    head_dim: int,
+    seq: int,
+    hopper: bool,
+    backend: str,
+    dropout: bool = False,
 ) -> float:
     """Share of the dense 16-bit peak fused attention reaches (module notes).
 
@@ -238,6 +259,8 @@ def attention_efficiency(
         share = min(share * ATTENTION_OTHER_ARCH, 0.75)
     if backend != "flash":
         share *= EFFICIENT_ATTENTION
+    if dropout:
+        share *= ATTENTION_DROPOUT["backward" if backward else "forward"]
     return share
 
 

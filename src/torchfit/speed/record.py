@@ -22,6 +22,10 @@ recomputation included), and turns each kernel-launching op into an `Op`:
   a normalization CUDA runs in two passes reads its inputs twice
   (`torchfit.speed.traffic.second_pass_bytes`).
 
+An op whose CUDA implementation first makes a strided input contiguous is preceded by
+that copy (`torchfit.speed.layouts.hidden_copies`: layer norm, FlashAttention's
+backward), which its meta function does not show.
+
 A matmul records whether its operands' row strides suit Hopper's tensor memory
 accelerator (`torchfit.speed.traffic.tma_aligned`): the roofline times a 16-bit one that
 does not on older instructions.
@@ -40,10 +44,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from torchfit.speed.layouts import hidden_copies
 from torchfit.speed.ops import Op, OpKind, Phase
 from torchfit.speed.traffic import read_bytes, second_pass_bytes, tma_aligned
 
-__all__ = ["OpRecorder", "attention_flops", "dtype_name", "nchw_bytes"]
+__all__ = ["OpRecorder", "attention_dropout", "attention_flops", "dtype_name", "nchw_bytes"]
 
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 _CONVS = frozenset({"convolution", "convolution_backward"})
@@ -160,6 +165,10 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if not _launches_nothing(func):
             op = self._op(func, args, kwargs, out)
             if op is not None:
+                name = func.overloadpacket.__name__
+                for moved in hidden_copies(name, args, flash=op.backend == "flash"):
+                    copy = Op("contiguous", OpKind.MEMORY, self.phase, 0.0, float(moved), op.dtype)
+                    self.ops.append(copy)
                 self.ops.append(op)
         return out
 
@@ -254,7 +263,8 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # CUDA's SDPA picks FlashAttention-2 for 16-bit inputs without a mask, else the
         # memory-efficient kernel (sdp_utils.cpp's priority order; fp32 is not flash's)
         backend = "flash" if dtype in {"bf16", "fp16"} and not masked else "efficient"
-        shape = (batch, heads, seq_q, seq_k, head_dim, int(causal))
+        dropout = int(attention_dropout(name, args, kwargs) > 0)
+        shape = (batch, heads, seq_q, seq_k, head_dim, int(causal), dropout)
         return Op(name, OpKind.ATTENTION, self.phase, flops, moved, dtype, shape, backend)
 
 
@@ -292,7 +302,36 @@ def _causal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, backwar
     if name.startswith("_scaled_dot_product_flash_attention_for_cpu"):
         index = 7 if backward else 4
     elif name.startswith("_scaled_dot_product_flash_attention"):
-        index = 8 if backward else 4
+        index = 11 if backward else 4  # backward: after cum_seq_q/k, max_q/k, dropout_p
     else:  # efficient / cudnn: is_causal after dropout_p
         index = 10 if backward else 6
     return bool(args[index]) if len(args) > index and isinstance(args[index], bool) else False
+
+
+#: Where ``dropout_p`` sits in each fused attention op's arguments (PyTorch's
+#: ``native_functions.yaml``), forward and backward.
+_DROPOUT_INDEX = {
+    "_scaled_dot_product_flash_attention_for_cpu": 3,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": 6,
+    "_scaled_dot_product_flash_attention": 3,
+    "_scaled_dot_product_flash_attention_backward": 10,
+    "_scaled_dot_product_efficient_attention": 5,
+    "_scaled_dot_product_efficient_attention_backward": 9,
+}
+
+
+def attention_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """The ``dropout_p`` a fused attention op applies inside its kernel (0.0 if none).
+
+    Example:
+        >>> attention_dropout("_scaled_dot_product_flash_attention_for_cpu", (0, 0, 0, 0.1), {})
+        0.1
+        >>> attention_dropout("_scaled_dot_product_cudnn_attention", (), {})
+        0.0
+    """
+    if "dropout_p" in kwargs:
+        return float(kwargs["dropout_p"])
+    index = _DROPOUT_INDEX.get(name)
+    if index is None or len(args) <= index or not isinstance(args[index], int | float):
+        return 0.0
+    return float(args[index])

@@ -82,7 +82,10 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
             seconds += 2 * memory_curve(hopper=hopper).seconds(2 * half, bandwidth)
         return seconds
     if op.kind is OpKind.ATTENTION:
-        _, _, seq_q, seq_k, head_dim, causal = op.shape
+        _, _, seq_q, seq_k, head_dim, causal = op.shape[:6]
+        # Philox masks (`curves`) cost against 16-bit tensor-core math; an fp32 kernel's
+        # own math runs on the CUDA cores, many times slower, and hides them
+        dropout = len(op.shape) > 6 and bool(op.shape[6]) and op.dtype in {"bf16", "fp16"}
         backward = op.phase is Phase.BACKWARD or op.name.endswith("_backward")
         flash = op.backend == "flash"
         # a ragged sequence runs FA2's whole tiles: the rate of the padded length
@@ -94,6 +97,7 @@ def kernel_seconds(op: Op, card: Peaks, *, hopper: bool) -> float:
             seq=max(padded or (seq_q, seq_k)),
             hopper=hopper,
             backend=op.backend,
+            dropout=dropout,
         )
         if flash:
             share *= flash_tile_fill(seq_q, seq_k, head_dim, backward=backward)
