@@ -1,6 +1,8 @@
 """Cores and disk to keep the card fed; the disk probe."""
 
+import dataclasses
 import os
+import random
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from torchfit.host import (
     measure_disk,
     read_bytes_per_sample,
 )
+from torchfit.host.disk import ReadOrder
 from torchfit.loaders import LoaderConfig, LoaderReport
 from torchfit.loaders.machine import machine_budget
 
@@ -115,20 +118,80 @@ def test_read_bytes_per_sample_counts_what_the_dataset_reads(tmp_path):
 
 
 def test_measure_disk_reads_a_file_it_removes(tmp_path):
-    speed = measure_disk(tmp_path, size="16MiB", block="64KiB", threads=2, seconds=0.2)
+    speed = measure_disk(tmp_path, size="16MiB", block="64KiB", threads=2, seconds=0.1)
     assert speed.sequential > 0 and speed.random > 0 and speed.parallel > 0
     assert speed.method in ("O_DIRECT", "fadvise")
     assert list(tmp_path.iterdir()) == []
     assert "random" in str(speed)
+    assert len(speed.curve) == 2  # one measured point per reader count
+    assert (speed.random, speed.parallel) == speed.curve
+    assert speed.spread >= 0
+
+
+def test_measure_disk_reads_the_data_file_without_changing_it(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(8 << 20))
+    content, mtime = data.read_bytes(), data.stat().st_mtime_ns
+    os.utime(data, ns=(1_000_000_000, mtime))  # an access time the reads must not move
+    state = random.getstate()
+    speed = measure_disk(file=data, block="1MiB", threads=3, order="sequential", batch=4,
+                         seconds=0.1, rounds=2)  # fmt: skip
+    assert random.getstate() == state  # the global RNG is the user's
+    after = data.stat()
+    if speed.method == "O_DIRECT" and after.st_uid == os.geteuid():
+        assert after.st_atime_ns == 1_000_000_000  # O_NOATIME
+    assert (after.st_mtime_ns, data.read_bytes()) == (mtime, content)
+    assert list(tmp_path.iterdir()) == [data]
+    assert speed.path == str(data) and speed.order == "sequential" and len(speed.curve) == 3
+
+
+def test_measure_disk_refuses_a_data_file_the_cache_would_serve(tmp_path, monkeypatch):
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(8 << 20))
+    monkeypatch.setattr(os, "O_DIRECT", 0, raising=False)  # as on a file system without it
+    with pytest.raises(ValueError, match="cannot be opened with O_DIRECT"):
+        measure_disk(file=data, seconds=0.05, rounds=1)
+    speed = measure_disk(tmp_path, size="8MiB", threads=1, seconds=0.05, rounds=1)
+    assert speed.method == "fadvise"  # a file the probe wrote may have its pages dropped
 
 
 @pytest.mark.parametrize(
-    ("size", "block", "match"),
-    [("4MiB", "64KiB", "at least 8 MiB"), ("16MiB", "1000", "multiple of 4 KiB")],
+    ("options", "match"),
+    [
+        ({"size": "4MiB"}, "at least 8 MiB"),
+        ({"block": "1000"}, "multiple of 4 KiB"),
+        ({"threads": 0}, "threads, batch and rounds"),
+        ({"order": "backwards"}, "backwards"),
+    ],
 )
-def test_measure_disk_refuses_bad_sizes(tmp_path, size, block, match):
+def test_measure_disk_refuses_bad_arguments(tmp_path, options, match):
     with pytest.raises(ValueError, match=match):
-        measure_disk(tmp_path, size=size, block=block)
+        measure_disk(tmp_path, **{"size": "16MiB", "block": "64KiB", **options})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_measured_curve_is_used_as_measured_not_extrapolated():
+    flat = dataclasses.replace(DISK, curve=(1e9, 1.1e9, 1.2e9, 1.1e9))
+    assert [flat.random_at(r) for r in (0, 1, 2, 3, 4, 9)] == [1e9, 1e9, 1.1e9, 1.2e9, 1.1e9,
+                                                              1.1e9]  # fmt: skip
+    assert flat.best == 1.2e9
+    assert ReadOrder("sequential") is ReadOrder.SEQUENTIAL
+
+
+def test_disk_bound_workers_share_the_read_and_add_their_cpu():
+    # 1 MiB samples, 0.1 ms of CPU each; the disk serves 1, 1.2 and 1.5 GB/s at 1-3 readers
+    disk = dataclasses.replace(DISK, curve=(1e9, 1.2e9, 1.5e9))
+    cost = SampleCost(wall_seconds=0.0011, cpu_seconds=0.0001, read_bytes=1e6)
+    feed = feed_needs(cost, batch_size=12, step_seconds=0.01, cores=8, disk=disk)
+    # response time law: r / (Z + r * bytes / D(r))
+    assert feed.throughput(0) == pytest.approx(1 / (1e-4 + 1e-3))
+    assert feed.throughput(2) == pytest.approx(2 / (1e-4 + 2 * 1e6 / 1.2e9))
+    assert feed.throughput(8) == pytest.approx(8 / (1e-4 + 8 * 1e6 / 1.5e9))
+    assert feed.throughput(8) < 1.5e9 / 1e6  # never past what the disk serves
+    assert feed.bound is FeedBound.GPU  # 1,200 samples/s needed, the disk allows 1,500
+    # two workers by the wall time (1,200 * 1.1 ms), but two readers get 1,132/s: three
+    assert feed.workers == 3
+    assert feed.throughput(2) < feed.samples_per_s <= feed.throughput(3)
 
 
 def test_random_reads_scale_with_readers_up_to_the_parallel_speed():

@@ -3,12 +3,22 @@
 The step consumes ``batch_size / step_seconds`` samples a second. Loading one sample
 costs CPU time and wall time (`torchfit.loaders`' probe measures both in the main
 process: ``LoaderReport.baseline_samples_per_s`` and ``cpu_load``, the CPU a loading process
-keeps busy) and reads bytes from disk. With ``w`` workers the loader delivers at most
+keeps busy) and reads bytes from disk. With ``r = max(w, 1)`` loading processes (``w``
+workers, or the main process) the loader delivers at most
 
-    min(w / wall_per_sample, cores / cpu_per_sample, disk_speed(w) / bytes_per_sample)
+    min(r / wall_per_sample, cores / cpu_per_sample)
 
-samples a second: each worker as fast as one process alone, all of them no faster than
-the cores left for loading can compute, nor than the disk can read with ``w`` readers.
+samples a second when the data is in memory: each worker as fast as one process alone,
+all of them no faster than the cores left for loading can compute. When samples are read
+from a measured disk, a sample's wall time is its CPU time ``Z`` plus its read, and ``r``
+readers share what the disk serves with ``r`` requests at once, ``D(r)`` (measured, not
+extrapolated: `DiskSpeed.random_at`). Each read then waits ``r * bytes / D(r)``, and by
+the response time law (Lazowska et al., *Quantitative System Performance*, 1984, ch. 3:
+``X = N / (R + Z)`` for ``N`` closed-loop clients) the loader delivers
+
+    min(r / (Z + r * bytes / D(r)), cores / cpu_per_sample)
+
+which is ``D(r) / bytes`` when reads dominate and ``r / Z`` when the CPU work does.
 """
 
 from __future__ import annotations
@@ -107,12 +117,12 @@ class Feed:
     def throughput(self, workers: int) -> float:
         """Samples/s a loader with ``workers`` workers delivers here (0: the main process)."""
         cost, readers = self.cost, max(workers, 1)
-        rates = [readers / cost.wall_seconds]
         cores = min(readers, self.cores_available + (1 if workers == 0 else 0))
-        rates.append(cores / cost.cpu_seconds if cost.cpu_seconds > 0 else math.inf)
-        if self.disk is not None and cost.read_bytes > 0:
-            rates.append(self.disk.random_at(readers) / cost.read_bytes)
-        return min(rates)
+        compute = cores / cost.cpu_seconds if cost.cpu_seconds > 0 else math.inf
+        if self.disk is None or cost.read_bytes <= 0:
+            return min(readers / cost.wall_seconds, compute)
+        wait = readers * cost.read_bytes / self.disk.random_at(readers)
+        return min(readers / (cost.cpu_seconds + wait), compute)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values."""
@@ -180,13 +190,13 @@ def feed_needs(
     cpu_limit = available / sample.cpu_seconds if sample.cpu_seconds > 0 else math.inf
     disk_limit = math.inf
     if disk is not None and sample.read_bytes > 0:
-        disk_limit = max(disk.parallel, disk.random) / sample.read_bytes
+        disk_limit = disk.best / sample.read_bytes
     best = min(cpu_limit, disk_limit)
     if best >= needed:
         bound = FeedBound.GPU
     else:
         bound = FeedBound.CPU if cpu_limit <= disk_limit else FeedBound.DISK
-    return Feed(
+    feed = Feed(
         samples_per_s=needed,
         workers=workers,
         cores=needed * sample.cpu_seconds,
@@ -197,6 +207,12 @@ def feed_needs(
         bound=bound,
         max_samples_per_s=best,
     )
+    if disk is None or sample.read_bytes <= 0 or bound is not FeedBound.GPU:
+        return feed
+    # readers share the disk, so more workers may be needed than the wall time says
+    fits = (w for w in range(1, 1025) if feed.throughput(w) >= needed * (1 - 1e-9))
+    enough = next(fits, workers)
+    return dataclasses.replace(feed, workers=enough)
 
 
 def read_bytes_per_sample(dataset: Any, *, samples: int = 64) -> float:
