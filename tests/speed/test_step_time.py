@@ -226,3 +226,13 @@ def test_compare_gpus_takes_a_step_and_its_batch_unless_asked_for_the_largest():
     assert largest.rows[0].batch_size == largest.rows[0].largest_batch > 2
     with pytest.raises(ValueError, match=r"batch_size=2 and at_largest_batch=True"):
         compare_gpus(TINY, ["L4"], batch_size=2, seq_len=64, at_largest_batch=True)
+
+
+def test_results_repr_in_one_short_line_and_print_the_table():
+    table = compare_gpus(TINY, ["H100", "L4"], batch_size=2, seq_len=64, precision="bf16-mixed")
+    fastest = max(table.rows, key=lambda row: row.time.tokens_per_s)
+    for shown in (table, *table.rows, table.rows[0].time):
+        text = repr(shown)
+        assert "\n" not in text and len(text) < 160, text
+    assert repr(table).endswith(f"fastest {fastest.gpu}>")
+    assert str(table.rows[0].time).count("\n") > 3  # print: the breakdown table

@@ -95,9 +95,16 @@ def _language_model(config: Any, dtype: torch.dtype, attention: str) -> nn.Modul
     for cls in classes:
         try:
             with torch.device("meta"):
-                return cls.from_config(config, dtype=dtype)  # type: ignore[no-any-return]
+                built = cls.from_config(config, dtype=dtype)
         except ValueError as e:  # this Auto class has no mapping for the config
             last = e
+            continue
+        if cls is transformers.AutoModelForCausalLM and getattr(built, "loss_type", "") is None:
+            # transformers 5 falls back to ForCausalLM for a class whose name does not say
+            # it (GPT2LMHeadModel) and logs "loss_type=None ... unrecognized" on the way;
+            # naming the same loss on a model torchfit built keeps that line off the screen
+            built.loss_type = "ForCausalLM"
+        return built  # type: ignore[no-any-return]
     raise ValueError(
         f"transformers cannot build model_type {config.model_type!r} as a language model: "
         f"{last}; pass the nn.Module itself with input_shape="

@@ -44,6 +44,15 @@ class CardRow:
     hours: float | None
     cost: float | None
 
+    def __repr__(self) -> str:
+        """One line: the card, the verdict, the batch and its time."""
+        verdict = "fits" if self.fits else "does not fit"
+        timed = f", {self.time.seconds * 1e3:,.1f} ms per step" if self.time else ""
+        return (
+            f"<CardRow {self.gpu}: {verdict}, batch {self.batch_size} "
+            f"(largest {self.largest_batch}){timed}>"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
@@ -67,6 +76,18 @@ class Comparison:
             data["time"] = None if row.time is None else row.time.to_dict()
             rows.append(data)
         return {"model": self.model, "budget": self.budget, "rows": rows}
+
+    def __repr__(self) -> str:
+        """One line: the model, the cards and the fastest (``print`` for the table).
+
+        Example:
+            >>> compare_gpus("gpt2", ["H100", "L4"], batch_size=8, seq_len=1024)
+            <Comparison gpt2 on 2 cards: fastest NVIDIA H100 SXM>
+        """
+        timed = [row for row in self.rows if row.fits and row.time is not None]
+        fastest = max(timed, key=_rate, default=None)
+        best = f"fastest {fastest.gpu}" if fastest else "none holds the step"
+        return f"<Comparison {self.model} on {len(self.rows)} cards: {best}>"
 
     def __str__(self) -> str:
         """One line per card: fits, largest batch, step time, throughput, hours, cost."""
@@ -225,6 +246,13 @@ def compare_gpus(
     budget = f"{samples:.3g} samples" if samples is not None else budget
     label = rows[0].time.model if rows and rows[0].time else str(model)
     return Comparison(label, tuple(rows), budget)
+
+
+def _rate(row: CardRow) -> float:
+    """Tokens (or samples) per second of a row's step; 0 when it was not timed."""
+    if row.time is None:
+        return 0.0
+    return float(row.time.tokens_per_s or row.time.samples_per_s)
 
 
 def _largest_wanted(

@@ -149,6 +149,22 @@ class StepTime:
         data.update(samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s, mfu=self.mfu)
         return data
 
+    def __repr__(self) -> str:
+        """One line: the step's time and rate (``print`` for the table by kernel class).
+
+        Example:
+            >>> from torchfit import step_time
+            >>> step_time("gpt2", "H100", batch_size=8, seq_len=1024)  # doctest: +ELLIPSIS
+            <StepTime gpt2 on NVIDIA H100 SXM: ... ms per step, ... tokens/s, MFU ...%>
+        """
+        rate = f"{self.samples_per_s:,.1f} samples/s"
+        if self.tokens_per_s is not None:
+            rate = f"{self.tokens_per_s:,.0f} tokens/s"
+        return (
+            f"<StepTime {self.model} on {self.gpu}: {self.seconds * 1e3:,.1f} ms per step, "
+            f"{rate}, MFU {self.mfu:.0%}>"
+        )
+
     def __str__(self) -> str:
         """A table: the step, the rates, then the time by kernel class and phase."""
         rate = f"{self.samples_per_s:,.1f} samples/s"
