@@ -376,3 +376,29 @@ def test_a_comparison_plans_memory_only_flags_and_times_the_step(capsys):
     chunked = {row["gpu"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
     card = "NVIDIA GeForce RTX 3060 12GB"
     assert chunked[card]["largest_batch"] > plain[card]["largest_batch"]
+
+
+def test_plan_time_adds_the_planned_steps_time_on_the_card(capsys):
+    from torchfit import fits
+    from torchfit.speed import step_time
+
+    argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "256", "--batch", "2", "--time"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    expected = step_time(
+        "gpt2", "RTX 3060", fits("gpt2", "RTX 3060", batch_size=2, seq_len=256).step
+    )
+    assert "\nstep time (predicted, the planned step on this card):\n" in out
+    assert f"{expected.seconds * 1e3:,.1f} ms per step" in out
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["time"]["seconds"] == pytest.approx(expected.seconds)
+    assert main(["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "256", "--json"]) == 0
+    assert "time" not in json.loads(capsys.readouterr().out)
+
+
+def test_plan_time_over_several_cards_is_refused(capsys):
+    argv = ["plan", "gpt2", "--gpu", "H100", "--gpus", "2", "--strategy", "ddp", "--time"]
+    assert main([*argv, "--seq", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "--time times one card's step" in err and "2 cards" in err

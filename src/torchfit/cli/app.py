@@ -110,6 +110,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also trace the real step on fake tensors (a meta-device build; shows progress)",
     )
     plan.add_argument(
+        "--time",
+        action="store_true",
+        help="also predict the step's time on the card: ms per step, tokens/s, MFU, the time "
+        "by kernel class (torchfit.step_time; one card)",
+    )
+    plan.add_argument(
         "--device-map",
         action="store_true",
         help="with --inference: place the layers on the --gpus cards (accelerate), each "
@@ -200,9 +206,10 @@ def _plan(args: argparse.Namespace) -> int:
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
     host = extras.host_plan(args, plan, model) if args.machine else None
+    timed = extras.step_time(plan, model) if args.time else None
     if args.seq_len is None and plan.step.seq_len is not None:  # before the answer, on stderr
         print(_default_seq(model, plan.step.seq_len), file=sys.stderr)
-    found = {"traced": traced, "device_map": placed, "host": host}
+    found = {"traced": traced, "device_map": placed, "host": host, "time": timed}
     if args.json:
         print(json.dumps(_plan_json(plan, found), indent=2))
         _wrote_plot(args.plot, file=sys.stderr)  # stdout stays one JSON document
@@ -214,7 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _plan_json(plan: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """The plan as JSON, with what ``--trace``, ``--device-map`` and ``--machine`` added."""
+    """The plan as JSON, with what the extras (``--trace``, ``--time``...) added."""
     data: dict[str, Any] = plan.to_dict()
     for key, value in found.items():
         if value is not None:
@@ -225,13 +232,17 @@ def _plan_json(plan: Any, found: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print_extras(plan: Any, found: dict[str, Any]) -> None:
-    """What ``--trace``, ``--device-map`` and ``--machine`` added, after the plan."""
+    """What ``--trace``, ``--device-map``, ``--time`` and ``--machine`` added, after the plan."""
     if found["traced"] is not None:
         print("\ntraced (the real step on fake tensors, for the same settings):")
         print(found["traced"])
     if found["device_map"] is not None:
         print()
         print(found["device_map"])
+    if found["time"] is not None:
+        fit = "" if plan.fits else "; it does not fit, so this is its time if it did"
+        print(f"\nstep time (predicted, the planned step on this card{fit}):")
+        print(found["time"])
     host = found["host"]
     if host is not None:
         print()

@@ -139,6 +139,22 @@ def host_plan(args: argparse.Namespace, plan: Any, model: Any) -> Any:
     return host_fits(model, chosen, dtype=dtype, bits=bits, device_map="cuda")
 
 
+def step_time(plan: Any, model: Any) -> Any:
+    """The planned step's predicted time on the plan's card (`torchfit.speed.step_time`).
+
+    Raises:
+        ValueError: a plan over several cards (communication between them is not timed).
+    """
+    from torchfit.speed import step_time as time_step  # noqa: PLC0415
+
+    if plan.num_gpus > 1:
+        raise ValueError(
+            f"--time times one card's step; this plan is over {plan.num_gpus} cards and the "
+            "communication between them is not modelled: leave --time out, or plan one card"
+        )
+    return time_step(model, plan.gpu, plan.step)
+
+
 def machine_fits(plan: Any, host: Any) -> bool:
     """The whole machine holds the run: the card fits the step and the RAM the host side."""
     from torchfit.host.plan import HostVerdict  # noqa: PLC0415
