@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchfit.memory import fits, gpu
+from torchfit import fits, gpu
 from torchfit.memory.analytic import spec_from_config
 from torchfit.memory.catalog import model_config
 from torchfit.memory.sharding import deepspeed_zero_bytes

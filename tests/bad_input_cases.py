@@ -156,6 +156,23 @@ _TOP: list[Case] = [
         partial=True,  # **keywords: torchfit.Step's fields, checked by the Step case
     ),
     Case(
+        "fits (time, machine)",
+        lambda: torchfit.fits,
+        kwargs={
+            "model": "gpt2",
+            "gpu": "RTX 3060",
+            "seq_len": 64,
+            "time": True,
+            "machine": "desktop-3060",
+        },
+        kinds={
+            "time": FLAG,
+            "machine": NAME,
+            "loader": Kind("loader", (3, "fast", {"per_sample": 1.0})),
+        },
+        partial=True,  # the rest: the "fits" case
+    ),
+    Case(
         "host_fits",
         lambda: torchfit.host_fits,
         args=("gpt2", "desktop-3060"),

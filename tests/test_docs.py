@@ -187,7 +187,7 @@ def _html(site: Path, page: str) -> str:
 
 def test_site_builds_strict_without_warnings(site):
     # The API reference was generated from the docstrings, not left empty.
-    assert 'id="torchfit.memory.fits"' in _html(site, "reference/plan")
+    assert 'id="torchfit.fits"' in _html(site, "reference/plan")
     estimate = _html(site, "reference/estimate")
     for anchor in ("torchfit.memory.MemoryEstimate", "torchfit.memory.estimate"):
         assert f'id="{anchor}"' in estimate

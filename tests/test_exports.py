@@ -128,7 +128,8 @@ def test_documented_import_paths_keep_working():
 
     assert callable(memory.estimate)
     assert callable(memory.trace)
-    assert callable(torchfit.memory.fits)
+    assert callable(torchfit.memory.plan.plan_card)
+    assert torchfit.fits.__module__ == "torchfit.whole"
     assert memory.estimate.__name__ == "estimate"
     assert memory.trace.__name__ == "trace"
 

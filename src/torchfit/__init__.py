@@ -17,10 +17,11 @@ from torchfit.memory import (
     measure_peak,
     simulate_gpu,
 )
-from torchfit.memory.plan import Plan, fits
+from torchfit.memory.plan import Plan
 from torchfit.memory.step import Step
 from torchfit.precision import MixedPrecision, find_nonfinite
 from torchfit.speed import compare_gpus, step_time
+from torchfit.whole import fits
 
 __version__ = "0.1.0"
 

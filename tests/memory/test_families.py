@@ -16,7 +16,7 @@ from torchfit.memory.analytic.arch import has_closed_form, spec_from_config  # n
 from torchfit.memory.catalog import build_model, count_parameters  # noqa: E402
 from torchfit.memory.catalog.build import experts_on_fake_tensors  # noqa: E402
 from torchfit.memory.catalog.inputs import example_batch  # noqa: E402
-from torchfit.memory.plan import fits  # noqa: E402
+from torchfit.memory.plan import plan_card  # noqa: E402
 
 BATCH, SEQ, VOCAB = 2, 64, 512
 TOKENS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
@@ -107,7 +107,7 @@ def test_the_config_only_estimate_is_within_5_percent(measured, family, tmp_path
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_fits_plans_each_family_from_its_folder(family, tmp_path):
     FAMILIES[family]().save_pretrained(tmp_path)
-    plan = fits(str(tmp_path), "RTX 3060", seq_len=SEQ, batch_size=BATCH)
+    plan = plan_card(str(tmp_path), "RTX 3060", seq_len=SEQ, batch_size=BATCH)
     assert plan.fits
     assert plan.largest_batch > BATCH
     assert plan.estimate.notes[0].startswith("method: ")

@@ -172,7 +172,8 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from torchfit.memory.plan import fits, resolve_budget  # noqa: PLC0415
+    from torchfit.memory.plan import resolve_budget  # noqa: PLC0415
+    from torchfit.whole import fits  # noqa: PLC0415
 
     if len(args.gpu) > 1:
         return compare.run(args)
@@ -194,6 +195,8 @@ def _plan(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         cuda_version=args.cuda_version,
         context_bytes=args.context_bytes,
+        time=args.time,
+        machine=args.machine,
     )
     if plan.settings.model != args.model:  # a config read with --trust-remote-code
         plan = dataclasses.replace(
@@ -205,51 +208,36 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(args.model, plan, args.plot)
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
-    host = extras.host_plan(args, plan, model) if args.machine else None
-    timed = extras.step_time(plan, model) if args.time else None
     if args.seq_len is None and plan.step.seq_len is not None:  # before the answer, on stderr
         print(_default_seq(model, plan.step.seq_len), file=sys.stderr)
-    found = {"traced": traced, "device_map": placed, "host": host, "time": timed}
+    found = {"traced": traced, "device_map": placed}
     if args.json:
         print(json.dumps(_plan_json(plan, found), indent=2))
         _wrote_plot(args.plot, file=sys.stderr)  # stdout stays one JSON document
         return 0
     print(plan)
-    _print_extras(plan, found)
+    _print_extras(found)
     _wrote_plot(args.plot, file=sys.stdout)
     return 0
 
 
 def _plan_json(plan: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """The plan as JSON, with what the extras (``--trace``, ``--time``...) added."""
+    """The plan as JSON (``--time`` and ``--machine`` in it), and what ``--trace`` added."""
     data: dict[str, Any] = plan.to_dict()
     for key, value in found.items():
         if value is not None:
             data[key] = value.to_dict()
-    if found["host"] is not None:
-        data["machine_fits"] = extras.machine_fits(plan, found["host"])
     return data
 
 
-def _print_extras(plan: Any, found: dict[str, Any]) -> None:
-    """What ``--trace``, ``--device-map``, ``--time`` and ``--machine`` added, after the plan."""
+def _print_extras(found: dict[str, Any]) -> None:
+    """What ``--trace`` and ``--device-map`` added, after the plan."""
     if found["traced"] is not None:
         print("\ntraced (the real step on fake tensors, for the same settings):")
         print(found["traced"])
     if found["device_map"] is not None:
         print()
         print(found["device_map"])
-    if found["time"] is not None:
-        fit = "" if plan.fits else "; it does not fit, so this is its time if it did"
-        print(f"\nstep time (predicted, the planned step on this card{fit}):")
-        print(found["time"])
-    host = found["host"]
-    if host is not None:
-        print()
-        print(host)
-        verdict = "FITS" if extras.machine_fits(plan, host) else "DOES NOT FIT"
-        card = "fits" if plan.fits else "does not fit"
-        print(f"machine verdict: {verdict} (the card: {card}; the host: {host.verdict})")
 
 
 def _default_seq(model: Any, tokens: int) -> str:

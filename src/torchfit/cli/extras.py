@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["device_map", "host_plan", "machine_fits", "model_of", "traced"]
+__all__ = ["device_map", "model_of", "traced"]
 
 
 def model_of(args: argparse.Namespace) -> Any:
@@ -117,46 +117,3 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
             gpu=plan.gpu,
             **loop,
         )
-
-
-#: ``from_pretrained``'s bitsandbytes bits for a 4/8-bit base.
-_BITS = {"nf4": 4, "fp4": 4, "int4": 4, "int8": 8}
-
-
-def host_plan(args: argparse.Namespace, plan: Any, model: Any) -> Any:
-    """The host's side of the planned step (`torchfit.host.host_fits`): RAM to load and run.
-
-    The weights are loaded as the step holds them: quantized on load for a 4/8-bit base,
-    fp32 under a ``*-mixed`` precision (the master weights), else in the compute dtype;
-    onto the card.
-    """
-    from torchfit.host import host_fits, machine, this_machine  # noqa: PLC0415
-
-    chosen = this_machine() if args.machine.strip().lower() == "this" else machine(args.machine)
-    step = plan.step
-    bits = _BITS.get(str(step.quantization))
-    dtype = None if bits else ("fp32" if step.mixed else step.compute.value)
-    return host_fits(model, chosen, dtype=dtype, bits=bits, device_map="cuda")
-
-
-def step_time(plan: Any, model: Any) -> Any:
-    """The planned step's predicted time on the plan's card (`torchfit.speed.step_time`).
-
-    Raises:
-        ValueError: a plan over several cards (communication between them is not timed).
-    """
-    from torchfit.speed import step_time as time_step  # noqa: PLC0415
-
-    if plan.num_gpus > 1:
-        raise ValueError(
-            f"--time times one card's step; this plan is over {plan.num_gpus} cards and the "
-            "communication between them is not modelled: leave --time out, or plan one card"
-        )
-    return time_step(model, plan.gpu, plan.step)
-
-
-def machine_fits(plan: Any, host: Any) -> bool:
-    """The whole machine holds the run: the card fits the step and the RAM the host side."""
-    from torchfit.host.plan import HostVerdict  # noqa: PLC0415
-
-    return bool(plan.fits) and host.verdict is not HostVerdict.NO

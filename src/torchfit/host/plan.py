@@ -80,6 +80,11 @@ class HostPlan:
     reasons: tuple[str, ...]
 
     @property
+    def fits(self) -> bool:
+        """The RAM holds the run (streaming the checkpoint through the page cache counts)."""
+        return self.verdict is not HostVerdict.NO
+
+    @property
     def load_peak(self) -> int:
         """Peak RSS while loading, baseline included."""
         return self.baseline + self.load.peak

@@ -18,7 +18,7 @@ from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU, gpu, list_gpus
 from torchfit.memory.measure import measure_peak, measure_step
 from torchfit.memory.modules import activation_bytes
-from torchfit.memory.plan import Plan, fits
+from torchfit.memory.plan import Plan
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import shard_estimate
 from torchfit.memory.step import Step
@@ -27,7 +27,6 @@ from torchfit.memory.tracing import trace, trace_step
 __all__ = [
     # plan - does it fit, and what to change
     "Plan",
-    "fits",
     # estimate - the analytic estimator and its currency
     "MemoryEstimate",
     "Step",

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchfit._core import checks
 from torchfit.memory.gpus import GPU, gpu
-from torchfit.memory.plan import fits as plan_fits
+from torchfit.memory.plan import plan_card
 from torchfit.memory.plan.device import device_estimate
 from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
@@ -220,7 +220,7 @@ def compare_gpus(
     rows = []
     for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
         chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
-        plan = plan_fits(model, card, chosen_step)
+        plan = plan_card(model, card, chosen_step)
         largest = plan.largest_batch
         chosen = largest if largest_wanted else chosen_step.batch_size
         peak = 0

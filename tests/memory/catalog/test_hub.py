@@ -111,11 +111,11 @@ def test_a_hub_id_only_in_the_local_cache_plans(offline, monkeypatch, tmp_path, 
     assert count_parameters(built) == count_parameters(build_model(local))
 
     from torchfit.memory import estimate
-    from torchfit.memory.plan import fits
+    from torchfit.memory.plan import plan_card
 
     est = estimate("acme/tiny-llama", batch_size=2, seq_len=64, device="cpu")
     assert est.weights == 4 * count_parameters(built)
-    plan = fits("acme/tiny-llama", "RTX 3060", seq_len=64)
+    plan = plan_card("acme/tiny-llama", "RTX 3060", seq_len=64)
     assert plan.fits
     assert plan.settings.model == "acme/tiny-llama"
 

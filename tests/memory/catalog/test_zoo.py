@@ -89,12 +89,12 @@ def test_torchvision_models_take_the_crop_size_of_their_weights(libraries):
 
 def test_zoo_models_plan_like_any_model(libraries):
     from torchfit.memory import estimate
-    from torchfit.memory.plan import fits
+    from torchfit.memory.plan import plan_card
 
     est = estimate("timm/convnext_tiny", batch_size=4, device="cpu")
     assert est.notes[0] == "method: meta-device pass of Sequential"
     assert est.weights == 4 * count_parameters(small_net())
-    plan = fits("torchvision/resnet50", "RTX 3060", batch_size=8)
+    plan = plan_card("torchvision/resnet50", "RTX 3060", batch_size=8)
     assert plan.step.input_shape == (3, 240, 240)
     assert plan.fits and plan.largest_batch > 8
 

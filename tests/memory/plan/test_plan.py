@@ -5,42 +5,42 @@ import pytest
 
 from torchfit._core.units import format_bytes
 from torchfit.memory import GPU
-from torchfit.memory.plan import fits, resolve_budget
+from torchfit.memory.plan import plan_card, resolve_budget
 
 
 def test_gpt3_does_not_fit_one_a100_40gb_even_in_int8():
-    plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8", seq_len=2048)
+    plan = plan_card("gpt3-175b", "A100 40GB", mode="inference", dtype="int8", seq_len=2048)
     assert not plan.fits
     assert plan.estimate.weights > 160 * 10**9  # 175B int8 weights alone exceed the card
     assert plan.largest_batch == 0
 
 
 def test_gpt2_in_4bit_fits_an_rtx_2070_super_with_room():
-    plan = fits("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024)
+    plan = plan_card("gpt2", "RTX 2070 Super", mode="inference", dtype="nf4", seq_len=1024)
     assert plan.fits
     assert plan.headroom > 0.75 * plan.budget
     assert plan.largest_batch >= 8
 
 
 def test_verdict_agrees_with_headroom_and_max_batch():
-    plan = fits("gpt2", "RTX 3060", batch_size=4, seq_len=512)
+    plan = plan_card("gpt2", "RTX 3060", batch_size=4, seq_len=512)
     assert plan.fits == (plan.headroom >= 0)
-    bigger = fits("gpt2", "RTX 3060", batch_size=plan.largest_batch + 1, seq_len=512)
-    at_max = fits("gpt2", "RTX 3060", batch_size=plan.largest_batch, seq_len=512)
+    bigger = plan_card("gpt2", "RTX 3060", batch_size=plan.largest_batch + 1, seq_len=512)
+    at_max = plan_card("gpt2", "RTX 3060", batch_size=plan.largest_batch, seq_len=512)
     assert at_max.fits
     assert not bigger.fits
 
 
 def test_longest_seq_is_the_boundary():
-    plan = fits("llama-2-7b", "RTX 4090", mode="inference", dtype="nf4", seq_len=512)
+    plan = plan_card("llama-2-7b", "RTX 4090", mode="inference", dtype="nf4", seq_len=512)
     assert plan.longest_seq == 4096  # 4-bit 7B at batch 1 reaches the model's maximum
-    tight = fits("llama-2-7b", "RTX 3060", mode="inference", dtype="bf16", seq_len=512)
+    tight = plan_card("llama-2-7b", "RTX 3060", mode="inference", dtype="bf16", seq_len=512)
     assert not tight.fits
     assert tight.longest_seq == 0
 
 
 def test_advice_is_re_estimated_and_ranked():
-    plan = fits("llama-2-7b", "RTX 4090", seq_len=1024)
+    plan = plan_card("llama-2-7b", "RTX 4090", seq_len=1024)
     assert not plan.fits
     knobs = [a.knob for a in plan.advice]
     assert any("QLoRA" in k for k in knobs)
@@ -54,7 +54,7 @@ def test_advice_is_re_estimated_and_ranked():
 
 
 def test_gradient_accumulation_keeps_the_effective_batch():
-    plan = fits("gpt2", "RTX 3060", batch_size=64, seq_len=1024)
+    plan = plan_card("gpt2", "RTX 3060", batch_size=64, seq_len=1024)
     accumulation = [a for a in plan.advice if "accumulation" in a.knob]
     assert accumulation
     micro, steps = (int(x) for x in accumulation[0].knob.split()[1::2][:2])
@@ -77,7 +77,7 @@ def test_budget_forms():
 
 
 def test_plan_reads_as_a_report_and_serializes():
-    plan = fits("gpt2", "T4", seq_len=512)
+    plan = plan_card("gpt2", "T4", seq_len=512)
     text = str(plan)
     assert "T4" in text and "verdict" in text and "largest batch" in text
     data = json.loads(json.dumps(plan.to_dict()))
@@ -87,7 +87,7 @@ def test_plan_reads_as_a_report_and_serializes():
 
 
 def test_context_and_reserved_are_included():
-    plan = fits("gpt2", "RTX 3060", mode="inference", seq_len=128)
+    plan = plan_card("gpt2", "RTX 3060", mode="inference", seq_len=128)
     e = plan.estimate
     assert e.context > 200 * 2**20
     assert e.reserved is not None and e.reserved >= e.total
@@ -97,9 +97,9 @@ def test_context_and_reserved_are_included():
 def test_sharded_plan_on_several_cards():
     cards = ["A100 40GB"] * 8
     kw = dict(seq_len=2048, gradient_checkpointing=True)
-    replica = fits("llama-2-7b", cards, **kw)
-    fsdp = fits("llama-2-7b", cards, strategy="fsdp", **kw)
-    zero2 = fits("llama-2-7b", cards, strategy="zero2", **kw)
+    replica = plan_card("llama-2-7b", cards, **kw)
+    fsdp = plan_card("llama-2-7b", cards, strategy="fsdp", **kw)
+    zero2 = plan_card("llama-2-7b", cards, strategy="zero2", **kw)
     assert not replica.fits
     assert fsdp.fits
     assert fsdp.estimate.device_total <= zero2.estimate.device_total < replica.estimate.device_total
@@ -108,7 +108,7 @@ def test_sharded_plan_on_several_cards():
     assert states(fsdp) < states(replica) / 4
     assert "fsdp, per rank" in str(fsdp)
     with pytest.raises(ValueError, match="ddp"):
-        fits("gpt2", cards, strategy="pipeline")
+        plan_card("gpt2", cards, strategy="pipeline")
 
 
 _SHARDED = re.compile(
@@ -119,7 +119,7 @@ _SHARDED = re.compile(
 
 def test_sharding_advice_keeps_the_global_batch_on_the_fewest_gpus():
     # gpt2-large, batch 16 x 1024: activations alone (45 GiB) overflow one RTX 4090
-    plan = fits("gpt2-large", "RTX 4090", batch_size=16, seq_len=1024)
+    plan = plan_card("gpt2-large", "RTX 4090", batch_size=16, seq_len=1024)
     assert not plan.fits
     found = {}
     for advice in plan.advice:
@@ -138,36 +138,36 @@ def test_sharding_advice_keeps_the_global_batch_on_the_fewest_gpus():
         assert advice.step.batch_size == micro
         assert advice.step.gradient_accumulation_steps == steps
         # the advice carries the step it was estimated with: planning it gives its figure
-        again = fits("gpt2-large", cards, advice.step, strategy=strategies[label])
+        again = plan_card("gpt2-large", cards, advice.step, strategy=strategies[label])
         assert again.fits and again.estimate.device_needed == advice.device_needed
         if steps > 1:  # accumulation only where the next larger micro-batch would not fit
             larger = advice.step.replace(
                 batch_size=2 * micro, gradient_accumulation_steps=steps // 2
             )
-            assert not fits("gpt2-large", cards, larger, strategy=strategies[label]).fits
+            assert not plan_card("gpt2-large", cards, larger, strategy=strategies[label]).fits
 
 
 def test_sharding_advice_says_when_the_global_batch_must_grow():
     # llama-2-7b full fine-tune, batch 8: no strategy fits 8 x RTX 4090; the nearest miss
     # runs one sample per GPU on 64 GPUs, which the advice must say changes the batch
-    plan = fits("llama-2-7b", "RTX 4090", batch_size=8, seq_len=1024)
+    plan = plan_card("llama-2-7b", "RTX 4090", batch_size=8, seq_len=1024)
     fsdp = [a for a in plan.advice if a.knob.startswith("FSDP")]
     assert len(fsdp) == 1 and not fsdp[0].fits
     match = _SHARDED.fullmatch(fsdp[0].knob)
     assert match and match["n"] == "64" and match["kept"] == "64" and match["was"] == "8"
-    fewer = fits("llama-2-7b", ["RTX 4090"] * 8, strategy="fsdp", batch_size=1, seq_len=1024)
+    fewer = plan_card("llama-2-7b", ["RTX 4090"] * 8, strategy="fsdp", batch_size=1, seq_len=1024)
     assert not fewer.fits  # 8 GPUs, the most that keep batch 8, do not hold it
 
 
 def test_a_plan_that_fits_gets_no_sharding_advice_that_changes_its_batch():
     # gpt2 at batch 1 fits an RTX 3060; two GPUs at batch 1 each would be global batch 2
-    plan = fits("gpt2", "RTX 3060", batch_size=1, seq_len=1024)
+    plan = plan_card("gpt2", "RTX 3060", batch_size=1, seq_len=1024)
     assert plan.fits
     sharded = [a for a in plan.advice if _SHARDED.fullmatch(a.knob)]
     assert all(_SHARDED.fullmatch(a.knob)["was"] is None for a in sharded)
     assert not [a for a in plan.advice if "GPUs at batch" in a.knob]
     # at batch 8 splitting over two GPUs keeps the global batch: that advice stays
-    wide = fits("gpt2", "RTX 3060", batch_size=8, seq_len=1024)
+    wide = plan_card("gpt2", "RTX 3060", batch_size=8, seq_len=1024)
     kept = [_SHARDED.fullmatch(a.knob) for a in wide.advice if "GPUs at batch" in a.knob]
     assert kept and all(m and m["was"] is None and m["kept"] == "8" for m in kept)
 
@@ -175,15 +175,15 @@ def test_a_plan_that_fits_gets_no_sharding_advice_that_changes_its_batch():
 def test_fsdp_offload_and_param_dtype_options_change_the_rank_estimate():
     common = {"strategy": "fsdp", "seq_len": 2048, "gradient_checkpointing": True}
     cards = ["A100 40GB"] * 8
-    plain = fits("llama-2-13b", cards, **common)
-    offloaded = fits("llama-2-13b", cards, offload_optimizer=True, **common)
+    plain = plan_card("llama-2-13b", cards, **common)
+    offloaded = plan_card("llama-2-13b", cards, offload_optimizer=True, **common)
     assert plain.estimate.optimizer > 0
     assert offloaded.estimate.optimizer == 0
     assert offloaded.settings.offload_optimizer
-    policy = fits("llama-2-13b", cards, param_dtype="bf16", **common)
+    policy = plan_card("llama-2-13b", cards, param_dtype="bf16", **common)
     assert policy.estimate.device_total < plain.estimate.device_total
     assert any("MixedPrecisionPolicy(param_dtype=bf16)" in n for n in policy.estimate.notes)
-    both = fits(
+    both = plan_card(
         "llama-2-13b",
         cards,
         offload_optimizer=True,
@@ -205,13 +205,15 @@ def test_fsdp_offload_and_param_dtype_options_change_the_rank_estimate():
 )
 def test_sharding_options_without_their_strategy_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        fits("llama-2-7b", ["A100 40GB"] * 2, **kwargs)
+        plan_card("llama-2-7b", ["A100 40GB"] * 2, **kwargs)
 
 
 def test_hsdp_plan_over_two_nodes_matches_fsdp_over_one():
     common = {"seq_len": 2048, "gradient_checkpointing": True, "param_dtype": "bf16"}
-    hybrid = fits("llama-2-13b", ["A100 40GB"] * 16, strategy="hsdp", gpus_per_node=8, **common)
-    node = fits("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", **common)
+    hybrid = plan_card(
+        "llama-2-13b", ["A100 40GB"] * 16, strategy="hsdp", gpus_per_node=8, **common
+    )
+    node = plan_card("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", **common)
     assert hybrid.estimate.total == node.estimate.total
     assert hybrid.settings.gpus_per_node == 8
     assert any(n.startswith("HSDP") for n in hybrid.estimate.notes)
@@ -231,7 +233,7 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
 
     monkeypatch.setattr(verdict, "_device_estimate", device_estimate)
     card = GPU.custom("lab card", memory="6GiB")
-    plan = fits("gpt2", card, batch_size=1, seq_len=128)
+    plan = plan_card("gpt2", card, batch_size=1, seq_len=128)
     predicted = max_batch_size(lambda b: MemoryEstimate(weights=held(b)), card.memory, margin=0.0)
     brute = max(b for b in range(1, 10_000) if held(b) <= card.memory)
     assert plan.largest_batch == predicted == brute
@@ -239,8 +241,8 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
 
 def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
     with pytest.raises(ValueError, match=r"gpu must be .* >= 1048576; got 42; .*'24GB'"):
-        fits("gpt2", gpu=42)
-    assert not fits("gpt2", gpu=2**20).fits  # 1 MiB: a (hopeless) budget, not an error
+        plan_card("gpt2", gpu=42)
+    assert not plan_card("gpt2", gpu=2**20).fits  # 1 MiB: a (hopeless) budget, not an error
 
 
 @pytest.mark.parametrize(
@@ -252,13 +254,13 @@ def test_a_budget_too_small_to_hold_anything_was_meant_as_gigabytes():
     ],
 )
 def test_a_plan_is_truthy_exactly_when_it_fits(model, gpu, kwargs):
-    plan = fits(model, gpu, **kwargs)
+    plan = plan_card(model, gpu, **kwargs)
     assert bool(plan) is plan.fits
     assert ("fits" if plan else "does not fit") == ("fits" if plan.fits else "does not fit")
 
 
 def test_a_plan_repr_is_one_short_line_and_str_the_report():
-    plan = fits("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", seq_len=2048)
+    plan = plan_card("llama-2-13b", ["A100 40GB"] * 8, strategy="fsdp", seq_len=2048)
     line = repr(plan)
     assert "\n" not in line and len(line) < 200
     assert line == (
@@ -267,17 +269,17 @@ def test_a_plan_repr_is_one_short_line_and_str_the_report():
         "on 8 x NVIDIA A100 40GB (fsdp, per rank)>"
     )
     assert len(str(plan)) > 1000 and "advice (each re-estimated):" in str(plan)
-    fitting = fits("gpt2", "RTX 3060", seq_len=512)
+    fitting = plan_card("gpt2", "RTX 3060", seq_len=512)
     assert repr(fitting).startswith("<Plan gpt2, train, bf16-mixed, batch 1, seq 512: FITS, ")
     assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
-    vision = fits("resnet50", "RTX 3060")
+    vision = plan_card("resnet50", "RTX 3060")
     assert ", input 3x224x224: " in repr(vision)
 
 
 def test_the_workspace_note_says_what_its_bytes_are():
     # gpt2 at 1024 tokens: 400 MiB of workspace, 8 MiB of it cuBLAS's; the rest is the
     # loss's fp32 logit gradients at the start of backward
-    plan = fits("gpt2", "RTX 3060", seq_len=1024)
+    plan = plan_card("gpt2", "RTX 3060", seq_len=1024)
     e = plan.estimate
     [note] = [n for n in e.notes if n.startswith("workspace ")]
     assert note.startswith(f"workspace {format_bytes(e.workspace)}: ")
@@ -286,32 +288,32 @@ def test_the_workspace_note_says_what_its_bytes_are():
     transient = e.workspace - int(8.125 * 2**20)
     assert f"{format_bytes(transient)} of the step's transients" in note
     # inference without a transient: the workspace is cuBLAS's alone, its note says so
-    served = fits("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate
+    served = plan_card("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate
     assert not [n for n in served.notes if n.startswith("workspace ")]
     assert any(n.startswith("cuBLAS workspace 8.12 MiB") for n in served.notes)
 
 
 def test_fsdp_under_autocast_is_advised_bf16_gathers_with_the_copies_it_saves():
     cards = ["A100 40GB"] * 8
-    plan = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048)
+    plan = plan_card("llama-2-13b", cards, strategy="fsdp", seq_len=2048)
     [advice] = [a for a in plan.advice if a.knob.startswith("FSDP2 MixedPrecisionPolicy")]
     assert advice.knob == "FSDP2 MixedPrecisionPolicy(param_dtype=bf16)"
     assert "autocast keeps no 16-bit weight copies" in advice.detail
     # the autocast copies (in overhead) are a whole bf16 model: 13B x 2 bytes, per rank
     assert plan.estimate.overhead > 23 * 2**30
-    gathered = fits("llama-2-13b", cards, strategy="fsdp", seq_len=2048, param_dtype="bf16")
+    gathered = plan_card("llama-2-13b", cards, strategy="fsdp", seq_len=2048, param_dtype="bf16")
     assert advice.device_needed == gathered.estimate.device_needed
     assert advice.saves >= plan.estimate.overhead - gathered.estimate.overhead
     assert gathered.estimate.overhead < 2**20
     # nothing to advise where the gathers are 16-bit already, or without FSDP
-    for other in (gathered, fits("llama-2-13b", cards, strategy="ddp", seq_len=2048)):
+    for other in (gathered, plan_card("llama-2-13b", cards, strategy="ddp", seq_len=2048)):
         assert not [a for a in other.advice if "MixedPrecisionPolicy" in a.knob]
 
 
 def test_the_verdict_decides_on_the_oom_line_not_on_what_the_allocator_would_cache():
     # Unbounded, the allocator would cache more than this 12 GiB card has; bounded, it
     # frees its cache and retries before it raises, so the step runs down to the OOM line.
-    plan = fits("Qwen/Qwen2.5-0.5B", "RTX 3060", seq_len=1024)
+    plan = plan_card("Qwen/Qwen2.5-0.5B", "RTX 3060", seq_len=1024)
     e = plan.estimate
     assert e.oom_line is not None
     assert e.device_needed == max(e.oom_line, e.total) + e.context < e.device_total

@@ -32,7 +32,7 @@ from torchfit.memory.sharding import parse_strategy
 from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
 
-__all__ = ["Plan", "fits"]
+__all__ = ["Plan", "plan_card"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Plan:
         advice: Knobs that make it fit or fit more, each re-estimated, best first; each
             carries its changed `Step`.
         settings: What was planned: the model, the `Step` and where it runs.
+        time: The step's predicted time on the card (a `torchfit.speed.StepTime`), when
+            `torchfit.fits` was asked for it (``time=True``); else None.
+        host: The host's side (a `torchfit.host.HostPlan`: RAM to load and run, cores and
+            disk), when `torchfit.fits` was given a ``machine``; else None.
     """
 
     fits: bool
@@ -62,11 +66,21 @@ class Plan:
     longest_seq: int | None
     advice: tuple[Advice, ...]
     settings: Settings
+    # filled by the layers above memory (torchfit.fits), which know time and the host
+    time: Any = None
+    host: Any = None
 
     @property
     def step(self) -> Step:
         """The planned `Step` (its precision made concrete for the card)."""
         return self.settings.step
+
+    @property
+    def machine_fits(self) -> bool | None:
+        """Card and host both hold the run; None when no host was planned."""
+        if self.host is None:
+            return None
+        return self.fits and bool(self.host.fits)
 
     @property
     def num_gpus(self) -> int:
@@ -75,18 +89,26 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, for ``--json``."""
-        return {
-            "fits": self.fits,
-            "gpu": self.gpu.name,
-            "num_gpus": self.num_gpus,
-            "budget": self.budget,
-            "headroom": self.headroom,
-            "largest_batch": self.largest_batch,
-            "longest_seq": self.longest_seq,
-            "estimate": self.estimate.to_dict(),
-            "advice": [a.to_dict() for a in self.advice],
-            "settings": self.settings.to_dict(),
-        }
+        return (
+            {
+                "fits": self.fits,
+                "gpu": self.gpu.name,
+                "num_gpus": self.num_gpus,
+                "budget": self.budget,
+                "headroom": self.headroom,
+                "largest_batch": self.largest_batch,
+                "longest_seq": self.longest_seq,
+                "estimate": self.estimate.to_dict(),
+                "advice": [a.to_dict() for a in self.advice],
+                "settings": self.settings.to_dict(),
+            }
+            | {
+                key: value.to_dict()
+                for key, value in (("time", self.time), ("host", self.host))
+                if value is not None
+            }
+            | ({} if self.host is None else {"machine_fits": self.machine_fits})
+        )
 
     def __bool__(self) -> bool:
         """True exactly when it fits: ``if torchfit.fits(...):`` reads as it says."""
@@ -96,7 +118,7 @@ class Plan:
         """One line: model, verdict, device need against the card (``print`` for the report).
 
         Example:
-            >>> fits("gpt2", "RTX 3060", seq_len=128)  # doctest: +ELLIPSIS
+            >>> plan_card("gpt2", "RTX 3060", seq_len=128)  # doctest: +ELLIPSIS
             <Plan gpt2, train, bf16-mixed, batch 1, seq 128: FITS, ... of 12.00 GiB on NVIDIA ...>
         """
         verdict = "FITS" if self.fits else "DOES NOT FIT"
@@ -138,6 +160,17 @@ class Plan:
         if self.advice:
             lines.append("advice (each re-estimated):")
             lines += [f"  {a}" for a in self.advice]
+        if self.time is not None:
+            fit = "" if self.fits else "; it does not fit, so this is its time if it did"
+            lines += ["", f"step time (predicted, the planned step on this card{fit}):"]
+            lines.append(str(self.time))
+        if self.host is not None:
+            verdict = "FITS" if self.machine_fits else "DOES NOT FIT"
+            card = "fits" if self.fits else "does not fit"
+            lines += ["", str(self.host)]
+            lines.append(
+                f"machine verdict: {verdict} (the card: {card}; the host: {self.host.verdict})"
+            )
         return "\n".join(lines)
 
 
@@ -160,7 +193,7 @@ def _optimizer_name(optimizer: Any) -> str:
     context_bytes=checks.parsed(check_context_size, kinds=(str, int, float)),
     cuda_version=checks.parsed(parse_cuda_version, kinds=(str,)),
 )
-def fits(
+def plan_card(
     model: Any,
     gpu: str | float | GPU | Sequence[str | GPU],
     step: Step | None = None,
@@ -211,11 +244,11 @@ def fits(
         TypeError: a `Step` and step keywords together; an unknown keyword.
 
     Example:
-        >>> plan = fits("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
+        >>> plan = plan_card("gpt3-175b", "A100 40GB", mode="inference", dtype="int8")
         >>> plan.fits
         False
         >>> from torchfit import Step
-        >>> bool(fits("gpt2", "RTX 2070 Super", Step(mode="inference", seq_len=1024,
+        >>> bool(plan_card("gpt2", "RTX 2070 Super", Step(mode="inference", seq_len=1024,
         ...                                          quantization="nf4")))
         True
     """
