@@ -149,9 +149,10 @@ def conv_forward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any],
         # 8x32x32x32 k3 -> 2,007,040 = src 1,048,576 + wei 36,864 + dst 921,600;
         # 4x3x32x32 -> 16 ch k3 p1 -> 524,288 = dst 262,144 + out 262,144.
         # A bias of a channel count off the block is padded in a scratchpad entry (size +
-        # 128 B of alignment), freed with the weights: 8 channels 192 B, 24 channels 256 B.
+        # 128 B of alignment), freed with the weights: 8 channels 192 B, 24 channels 256 B;
+        # on AVX2 (8-blocks) 20 channels 224 B.
         bias = 0
-        if _b is not None and cpu.block == 16 and w.shape[0] % 16:
+        if _b is not None and cpu.block in {8, 16} and w.shape[0] % cpu.block:
             bias = cpu.pad(w.shape[0]) * x.element_size() + 128
         stage = bias + sizes["src_b"] + sizes["wei_b"] + sizes["dst_b"]
         stage += _avx2_rtus_forward(cpu, args, out)
@@ -240,9 +241,13 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
             *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
         )
         return None if scratch is None else copy + scratch
-    if cpu.block == 16 and _onednn_depthwise(x, w, dilation, groups):
-        # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
-        return copy + depthwise_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
+    if _onednn_depthwise(x, w, dilation, groups):
+        # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights
+        # (AVX2: jit_dw:avx2 on 8-blocked buffers, ONEDNN_VERBOSE).
+        scratch = depthwise_scratch(
+            *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
+        )
+        return copy + scratch
     if cpu.block == 16 and _onednn_modelled(x, w, dilation, 1):
         # NCHW grouped: jit:avx512_core (4/8/16-blocked), gemm:jit or brgconv_strided
         # backward-data, jit:avx2, jit:avx512_core or gemm:jit backward-weights (see

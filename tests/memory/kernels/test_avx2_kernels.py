@@ -1,8 +1,8 @@
-"""oneDNN's AVX2 1x1 convolution: the strided source copy ("rtus") and the weight reducer.
+"""oneDNN's AVX2 kernels: 1x1 convolutions (strided source copy, weight reducer), NCHW depthwise.
 
 The pure rules are checked here on any machine against figures measured under AVX2
 dispatch (torch 2.13.0+cpu, oneDNN v3.12, an AMD EPYC capped with
-``ONEDNN_MAX_CPU_ISA=AVX2``); `avx2_1x1_calls.py` checks them live against the real
+``ONEDNN_MAX_CPU_ISA=AVX2``); `avx2_kernel_calls.py` checks them live against the real
 calls in a subprocess wherever the CPU has AVX2.
 """
 
@@ -18,6 +18,7 @@ from tests.memory.kernels.test_isa_kinds import _AVX2_ENV, _needs_avx2
 from torchfit.memory.kernels.cpu import CpuRules
 from torchfit.memory.kernels.onednn import ConvBackward, backward_scratch
 from torchfit.memory.kernels.onednn_1x1 import rtus_applies, rtus_scratch, weights_reducer
+from torchfit.memory.kernels.onednn_groups import depthwise_scratch
 
 aten = torch.ops.aten
 
@@ -120,10 +121,29 @@ def test_the_copy_is_an_avx2_rule_only():
     assert avx512 == blocked
 
 
-def test_the_avx2_1x1_rules_hold_under_avx2_dispatch():
-    """`avx2_1x1_calls.py` in a subprocess under AVX2 dispatch: under a minute."""
+@pytest.mark.parametrize(
+    ("x", "w", "pad", "threads", "measured"),
+    [
+        # measured under AVX2 dispatch with a bias: jit_dw:avx2 data, gemm:jit weights
+        ((4, 64, 2, 2), (64, 1, 7, 7), 3, 2, 102_176),
+        ((4, 32, 4, 4), (32, 1, 7, 7), 3, 3, 84_928),
+        # jit_dw:avx2 weights, a reduction over the minibatch
+        ((3, 8, 16, 16), (8, 1, 3, 3), 1, 2, 49_728),
+        ((4, 20, 9, 9), (20, 1, 5, 5), 2, 3, 48_556),
+    ],
+)
+def test_avx2_nchw_depthwise_backward_matches_measured_calls(x, w, pad, threads, measured):
+    out = (x[0], x[1], x[2], x[3])
+    rule = depthwise_scratch(
+        x, w, out, (1, 1), (True, True, True), padding=(pad, pad), threads=threads, block=8
+    )
+    assert rule == measured
+
+
+def test_the_avx2_rules_hold_against_the_real_calls():
+    """`avx2_kernel_calls.py` in a subprocess under AVX2 dispatch: under a minute."""
     _needs_avx2()
-    here = Path(__file__).with_name("avx2_1x1_calls.py")
+    here = Path(__file__).with_name("avx2_kernel_calls.py")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
         env={**os.environ, **_AVX2_ENV},
