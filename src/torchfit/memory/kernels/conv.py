@@ -23,6 +23,7 @@ import torch
 from torchfit.memory.kernels.layout import cpu_twin
 from torchfit.memory.kernels.machine import CpuMachine
 from torchfit.memory.kernels.onednn import backward_scratch
+from torchfit.memory.kernels.onednn_1x1 import AVX2_BLOCK, rtus_applies, rtus_scratch
 from torchfit.memory.kernels.onednn_amx_conv import Conv2d, weights_call_scratch
 from torchfit.memory.kernels.onednn_groups import (
     depthwise_scratch,
@@ -71,7 +72,7 @@ def _conv_sizes(
     out_shape: Sequence[int],
     groups: int,
     *,
-    unit_stride: bool,
+    unit_1x1: bool,
 ) -> dict[str, int]:
     """Byte sizes of the oneDNN blocked buffers of a conv (channels padded to the block)."""
     es = x.element_size()
@@ -85,9 +86,11 @@ def _conv_sizes(
     # "first convolution" kernels); measured: Cin=3, 5, 8 plain with 16-blocks,
     # Cin=16, 32 blocked. Unstrided 1x1 kernels read a blocked (padded) source: measured
     # (4, 1, 23, 23) with 4x1x1x1 weights peaks at 271,872 = 2 * 135,424 + 1,024, while a
-    # strided 1x1 conv of (7, 3, 17, 17) keeps it plain (72,576 = dst + output).
+    # strided 1x1 conv of (7, 3, 17, 17) keeps it plain (72,576 = dst + output). AVX2's
+    # jit_1x1 reads a strided source blocked too where it copies it to unit stride
+    # (`onednn_1x1`; ONEDNN_VERBOSE: 4x3x8x8 stride 2 reads ``aBcd8b``, padded).
     src_blocked = cpu.block > 1 and (
-        depthwise or (c_in // groups) >= cpu.block or (kernel == 1 and unit_stride)
+        depthwise or (c_in // groups) >= cpu.block or (kernel == 1 and unit_1x1)
     )
     return {
         "src_b": n * cpu.pad(c_in) * spatial_in * es if src_blocked else 0,
@@ -104,6 +107,16 @@ def _conv_sizes(
     }
 
 
+def _unit_1x1(cpu: CpuMachine, args: Sequence[Any], out_shape: Sequence[int]) -> bool:
+    """A unit stride, or (AVX2) a strided 1x1 that oneDNN copies to unit stride."""
+    x, w, _b, stride, padding = args[:5]
+    if all(v == 1 for v in stride):
+        return True
+    return cpu.block == AVX2_BLOCK and rtus_applies(
+        x.shape, out_shape, w.shape[2:], stride, padding
+    )
+
+
 def _is_pointwise(w: torch.Tensor, stride: Sequence[int], padding: Sequence[int]) -> bool:
     return all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)
 
@@ -115,7 +128,7 @@ def conv_forward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any],
     if transposed or not isinstance(out, torch.Tensor):
         return 0
     backend = conv_backend(args)
-    sizes = _conv_sizes(cpu, x, w, out.shape, groups, unit_stride=all(v == 1 for v in stride))
+    sizes = _conv_sizes(cpu, x, w, out.shape, groups, unit_1x1=_unit_1x1(cpu, args, out.shape))
     grouped = groups > 1 and not (groups == x.shape[1] == w.shape[0])
     if backend == "Mkldnn" and grouped and cpu.block == 16 and _plain_2d(x, _dil):
         # grouped, not depthwise: 4/8/16-blocked jit:avx512_core or gemm:jit
@@ -136,17 +149,35 @@ def conv_forward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any],
         # 8x32x32x32 k3 -> 2,007,040 = src 1,048,576 + wei 36,864 + dst 921,600;
         # 4x3x32x32 -> 16 ch k3 p1 -> 524,288 = dst 262,144 + out 262,144.
         # A bias of a channel count off the block is padded in a scratchpad entry (size +
-        # 128 B of alignment), freed with the weights: 8 channels 192 B, 24 channels 256 B.
+        # 128 B of alignment), freed with the weights: 8 channels 192 B, 24 channels 256 B;
+        # on AVX2 (8-blocks) 20 channels 224 B.
         bias = 0
-        if _b is not None and cpu.block == 16 and w.shape[0] % 16:
+        if _b is not None and cpu.block in {8, 16} and w.shape[0] % cpu.block:
             bias = cpu.pad(w.shape[0]) * x.element_size() + 128
         stage = bias + sizes["src_b"] + sizes["wei_b"] + sizes["dst_b"]
+        stage += _avx2_rtus_forward(cpu, args, out)
         peak = max(stage, sizes["dst_b"] + sizes["out"])
         return peak - sizes["out"]
     if backend in _SLOW:
         # im2col columns: 1x4x8x8 k3 p1 -> 9,216 B measured = N*Cin*k*k*Ho*Wo*4.
         return 0 if _is_pointwise(w, stride, padding) else sizes["cols"]
     return 0
+
+
+def _avx2_rtus_forward(cpu: CpuMachine, args: tuple[Any, ...], out: torch.Tensor) -> int:
+    """``jit_1x1:avx2`` forward of a strided NCHW 1x1 conv: its unit-stride source copy.
+
+    All input channel blocks per thread (``nb_reduce``, `onednn_1x1`); measured
+    8x32x8x8 * 64x32x1x1 stride 2 under AVX2 dispatch: 2,176 / 4,224 / 6,272 B over
+    the reorders at 1 / 2 / 3 threads. AVX-512 runs brgemm 1x1 kernels without it.
+    """
+    x, w, _b, stride, padding, _dil, _transposed, _op, groups = args[:9]
+    if cpu.block != AVX2_BLOCK or groups != 1 or x.dim() != 4 or x.dtype != torch.float32:
+        return 0
+    if not rtus_applies(x.shape, out.shape, w.shape[2:], stride, padding):
+        return 0
+    pixels = out.shape[2] * out.shape[3]
+    return rtus_scratch(x.shape[1], pixels, threads=cpu.threads, weights=False)
 
 
 def _plain_2d(x: torch.Tensor, dilation: Sequence[int]) -> bool:
@@ -210,9 +241,13 @@ def _onednn_backward(cpu: CpuMachine, args: tuple[Any, ...], copy: int) -> int |
             *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
         )
         return None if scratch is None else copy + scratch
-    if cpu.block == 16 and _onednn_depthwise(x, w, dilation, groups):
-        # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights.
-        return copy + depthwise_scratch(*shapes, flags, padding=tuple(padding), threads=cpu.threads)
+    if _onednn_depthwise(x, w, dilation, groups):
+        # NCHW depthwise: jit_dw backward-data, jit_dw or gemm:jit backward-weights
+        # (AVX2: jit_dw:avx2 on 8-blocked buffers, ONEDNN_VERBOSE).
+        scratch = depthwise_scratch(
+            *shapes, flags, padding=tuple(padding), threads=cpu.threads, block=cpu.block
+        )
+        return copy + scratch
     if cpu.block == 16 and _onednn_modelled(x, w, dilation, 1):
         # NCHW grouped: jit:avx512_core (4/8/16-blocked), gemm:jit or brgconv_strided
         # backward-data, jit:avx2, jit:avx512_core or gemm:jit backward-weights (see
@@ -291,7 +326,8 @@ def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any]
     backend = conv_backend(
         (x, w, None, stride, padding, dilation, transposed, output_padding, groups)
     )
-    sizes = _conv_sizes(cpu, x, w, grad_out.shape, groups, unit_stride=all(v == 1 for v in stride))
+    unit_1x1 = _unit_1x1(cpu, (x, w, None, stride, padding), grad_out.shape)
+    sizes = _conv_sizes(cpu, x, w, grad_out.shape, groups, unit_1x1=unit_1x1)
     # The kernel starts with grad_output.contiguous() (``convolution_backward`` in
     # aten/src/ATen/native/Convolution.cpp): a copy of a strided gradient.
     copy = copy_if_strided(grad_out)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from torchfit.memory.kernels.onednn_1x1 import rtus_applies, rtus_scratch, weights_reducer
 from torchfit.memory.kernels.onednn_scratchpad import (
     BARRIER,
     F32,
@@ -96,11 +97,17 @@ class ConvBackward:
 
         With AVX2 only (``block == 8``) there is no 16-blocked kernel: ``jit:avx2`` takes
         every dense kernel that fits (``kh <= ih``) and ``jit_1x1:avx2`` the 1x1 ones
-        (``1x1``: not modelled).
+        without padding, strided ones only where it can copy the source to unit stride
+        (`torchfit.memory.kernels.onednn_1x1`); ``ONEDNN_VERBOSE`` shows ``jit:avx2``
+        for a strided 1x1 whose input the stride does not divide and ``gemm:jit`` for a
+        padded 1x1.
         """
         if self.block == 8:
             if self.kh == self.kw == 1:
-                return "1x1"
+                if self.ph or self.pw:
+                    return "gemm"
+                if not self.data_strided() or self.rtus():
+                    return "1x1"
             return "avx2" if self.kh <= self.ih else "gemm"
         if self.first or self.ic % 16 == 0:
             return "avx512"
@@ -175,13 +182,14 @@ class ConvBackward:
                 total += reducer_bytes(self.threads, 8, oc // 8, self.mb, 1 << 21)
             return total
         if kind == "1x1":
-            # jit_1x1:avx2, unit stride, no bias: measured (2 threads) one booked entry
-            # of a weight gradient per thread and a barrier, e.g. 4x64x16x16 * 32x64x1x1:
-            # 24,704 B = 2 * 8,192 + 128 + 8,192.
-            if self.threads == 1:
-                return 0
-            ic, oc = up(self.ic, 8), up(self.oc, 8)
-            return entry(self.threads * oc * ic * F32) + BARRIER
+            # jit_1x1:avx2, no bias: the weight-gradient reducer (measured 4x64x16x16 *
+            # 32x64x1x1, 2 threads: 24,704 B = 2 * 8,192 + 128 + a barrier 8,192) and,
+            # strided, the reduce-to-unit-stride copy of the source (`onednn_1x1`).
+            pixels = self.oh * self.ow
+            reducer = weights_reducer(self.ic, self.oc, self.mb * pixels, threads=self.threads)
+            if not self.data_strided():
+                return reducer
+            return reducer + rtus_scratch(self.ic, pixels, threads=self.threads, weights=True)
         return self._gemm_weights_scratch()
 
     def _gemm_weights_scratch(self) -> int:
@@ -218,6 +226,11 @@ class ConvBackward:
         # gemm:jit writes a plain grad_weight of its own, copied out afterwards.
         wei = oc * ic * self.kh * self.kw * F32
         return dst, src, wei
+
+    def rtus(self) -> bool:
+        """Whether a 1x1 kernel copies this strided source to unit stride (`rtus_applies`)."""
+        x, out = (self.mb, self.ic, self.ih, self.iw), (self.mb, self.oc, self.oh, self.ow)
+        return rtus_applies(x, out, (self.kh, self.kw), (self.sh, self.sw), (self.ph, self.pw))
 
     # -- backward-data --------------------------------------------------------------
     def data_strided(self) -> bool:
@@ -301,7 +314,7 @@ def backward_scratch(
 
     Returns:
         Bytes the call holds at its peak beyond its outputs; ``None`` where oneDNN picks
-        a kernel this model leaves out (AVX2's ``jit_1x1`` backward-weights).
+        a kernel this model leaves out (AVX2's ``jit_1x1`` backward-weights with a bias).
 
     Example:
         >>> backward_scratch((4, 1, 16, 16), (16, 1, 3, 3), (4, 16, 8, 8), (2, 2),
@@ -309,8 +322,8 @@ def backward_scratch(
         37696
     """
     conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads, block=block)
-    if mask[1] and conv.weights_kernel() == "1x1" and (mask[2] or conv.data_strided()):
-        return None  # jit_1x1:avx2 with a bias or a strided source (rtus): not modelled
+    if mask[1] and conv.weights_kernel() == "1x1" and mask[2]:
+        return None  # jit_1x1:avx2 with a bias: not modelled
     grad_in = math.prod(x) * F32 if mask[0] else 0
     grad_w = math.prod(w) * F32 if mask[1] else 0
     grad_b = w[0] * F32 if mask[2] else 0

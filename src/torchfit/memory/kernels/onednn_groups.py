@@ -67,10 +67,12 @@ _F32 = 4
 _BLOCK = 16
 
 
-def _dw_reduction(groups: int, ks: int, mb: int, threads: int, *, bias: bool) -> int:
+def _dw_reduction(
+    groups: int, ks: int, mb: int, threads: int, *, bias: bool, block: int = _BLOCK
+) -> int:
     """``harness_mb_reduction`` scratchpad of ``jit_dw`` backward-weights, in bytes."""
-    padded = up(groups, _BLOCK)
-    nthr_g = min(padded // _BLOCK, threads)
+    padded = up(groups, block)
+    nthr_g = min(padded // block, threads)
     nthr_mb = min(max(1, threads // nthr_g), mb)
     if nthr_mb <= 1:
         return 0
@@ -87,6 +89,7 @@ def depthwise_scratch(
     *,
     padding: Sequence[int],
     threads: int,
+    block: int = _BLOCK,
 ) -> int:
     """Peak bytes of a float32 NCHW depthwise ``convolution_backward``, above its outputs.
 
@@ -98,6 +101,8 @@ def depthwise_scratch(
         mask: Which of grad_input, grad_weight, grad_bias are computed.
         padding: (ph, pw), symmetric as ATen passes it.
         threads: oneDNN's thread count (``torch.get_num_threads()``).
+        block: oneDNN's channel block: 16 (``jit_dw:avx512_core``) or 8
+            (``jit_dw:avx2``, the same kernels on ``aBcd8b``/``Abcde8a`` buffers).
 
     Returns:
         Bytes the call holds at its peak beyond its outputs.
@@ -110,7 +115,7 @@ def depthwise_scratch(
     mb, groups = x[0], x[1]
     kh, kw = w[2], w[3]
     ks = kh * kw
-    padded = up(groups, _BLOCK)
+    padded = up(groups, block)
     grad_in = math.prod(x) * _F32 if mask[0] else 0
     grad_w = math.prod(w) * _F32 if mask[1] else 0
     grad_b = groups * _F32 if mask[2] else 0
@@ -121,7 +126,7 @@ def depthwise_scratch(
     if mask[1]:
         if kw <= 3 and dw_weights_ok(x, w, out, stride, padding):
             wei = padded * ks * _F32
-            scratch = _dw_reduction(groups, ks, mb, threads, bias=mask[2])
+            scratch = _dw_reduction(groups, ks, mb, threads, bias=mask[2], block=block)
             running = src_b + dst_b + wei + scratch
         else:
             conv = ConvBackward(x, w, out, stride, padding=padding, threads=threads, groups=groups)
