@@ -14,17 +14,19 @@ per byte.
 ``DataLoader`` over samples already in memory, small ones and large ones in alternating
 blocks of batches. Each sample carries ``time.process_time()`` of the process that made it
 (every thread of it), so the worker's CPU over a block is the difference of two stamps; the
-main process's is its own ``process_time`` around ``next()``. The same batches loaded with
+main process's is its main thread's ``thread_time`` around ``next()``. The same batches loaded with
 ``num_workers=0`` give what the main process spends without workers, which
 `torchfit.host.SampleCost` already holds; the worker's surplus over it is the transfer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -128,8 +130,23 @@ class _Stamped(Dataset[tuple[torch.Tensor, float]]):
         return tensor, time.process_time()
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread, as in a worker (``_worker_loop`` sets it), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _run(dataset: _Stamped, workers: int) -> tuple[list[float], list[float]]:
-    """Per batch: the loading process's CPU stamp at its first sample; main CPU in next()."""
+    """Per batch: the loading process's CPU stamp at its first sample; main CPU in next().
+
+    The main process's CPU is its main thread's (``thread_time``): idle OpenMP threads
+    spinning after an earlier parallel operation would otherwise count.
+    """
     loader = DataLoader(
         dataset,
         batch_size=dataset.batch,
@@ -141,11 +158,11 @@ def _run(dataset: _Stamped, workers: int) -> tuple[list[float], list[float]]:
     iterator = iter(loader)
     try:
         for _ in range(len(dataset.plan)):
-            begin = time.process_time()
+            begin = time.thread_time()
             _, stamp = next(iterator)
             first = float(stamp[0])
             del stamp, _  # the batch is freed here, inside the timed span
-            main.append(time.process_time() - begin)
+            main.append(time.thread_time() - begin)
             stamps.append(first)
     finally:
         del iterator
@@ -200,7 +217,7 @@ def measure_transfer(
             f"sample_bytes must be >= 4096, batch_size >= 1, batches >= 2 and rounds >= 1; "
             f"got {sample_bytes}, {batch_size}, {batches}, {rounds}"
         )
-    plan = [False, True, False]  # warm-up: the worker's start, the first heap pages
+    plan = [False, True, True, False]  # warm-up: the worker's start, the first heap pages
     warm = len(plan)
     for _ in range(rounds):
         plan += [False] * batches + [True] * batches
@@ -209,7 +226,8 @@ def measure_transfer(
     dataset = _Stamped(small, large, plan, batch_size)
     stamps, main = _run(dataset, 1)
     worker = [later - earlier for earlier, later in itertools.pairwise(stamps)]
-    _, alone = _run(dataset, 0)
+    with _one_thread():
+        _, alone = _run(dataset, 0)
     costs = {}
     for side, values in (("worker", worker), ("main", main), ("alone", alone)):
         for big in (False, True):
