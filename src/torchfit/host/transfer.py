@@ -103,13 +103,14 @@ class TransferCost:
 
 
 #: `measure_transfer` on a 2-core virtual machine shared with other jobs (torch 2.13 CPU,
-#: Linux, batches of 16 samples of 1 MiB against 64 bytes; docs/host.md, "Cores and disk",
-#: gives the rounds). Used when no measurement is given.
+#: Linux, batches of 16 samples of 1 MiB against 64 bytes, five rounds: the worker
+#: 0.54-0.57 ms/MiB, one round 0.30; the main process 0.13-0.14 ms/MiB; docs/host.md,
+#: "Cores and disk", gives the rounds). Used when no measurement is given.
 TYPICAL_TRANSFER = TransferCost(
-    worker_per_byte=5.0e-10,
-    worker_per_batch=2.0e-4,
-    main_per_byte=1.0e-10,
-    main_per_batch=3.0e-4,
+    worker_per_byte=0.55e-3 / 2**20,
+    worker_per_batch=0.37e-3,
+    main_per_byte=0.135e-3 / 2**20,
+    main_per_batch=0.31e-3,
     method="typical (2-core VM, torch 2.13)",
 )
 
