@@ -14,7 +14,10 @@
 * ``workers``: DataLoaders over lists of Python objects; each worker's USS
   (`torchfit.host.measure_workers`) against `torchfit.host.worker_memory`.
 * ``feed``: a CPU-bound and a disk-bound dataset; samples/s at each worker count against
-  `torchfit.host.Feed.throughput` from the loader's measured per-sample cost.
+  `torchfit.host.Feed.throughput` from the loader's measured per-sample cost; then
+  ``transfer``.
+* ``transfer``: CPU-bound samples of 1 and 4 MiB, predicted with and without the cost of
+  handing batches from the workers to the main process (`torchfit.host.measure_transfer`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from torchfit.host import (
     load_memory,
     measure_disk,
     measure_load,
+    measure_transfer,
     measure_workers,
     read_bytes_per_sample,
     worker_memory,
@@ -333,6 +337,77 @@ def feed(root: Path) -> None:
         print(_feed_row(label, predicted[num], measured[num]), flush=True)
 
 
+class Blobs(Dataset):
+    """CPU-bound, large out: about 1.5 ms of arithmetic on 4 KiB, then a ``size``-byte tensor."""
+
+    def __init__(self, size: int) -> None:
+        self.out = torch.ones(size, dtype=torch.uint8)
+        self.work = np.ones(1024, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raw = self.work
+        for _ in range(300):
+            raw = np.sqrt(raw * 1.0001 + 1.0)
+        return self.out
+
+
+def transfer() -> None:
+    """Per round: the cores the scheduler gives, the transfer probe at the sample's size,
+    then 0-4 workers (the first count moving round by round). Before: `Feed.throughput`
+    with ``out_bytes=0``; after: with the sample's bytes and the measured transfer. All
+    the loader's processes share the cores the scheduler gives, the main process's
+    receiving included.
+    """
+    cores = affinity_cpus()
+    for size in (MiB, 4 * MiB):
+        dataset = Blobs(size)
+        _, report = tuned_loader_and_report(dataset, batch_size=16, time_budget=5.0)
+        out = SampleCost.from_report(report, batch_size=16).out_bytes
+        kinds = ("before", "after", "measured")
+        rows: dict[str, dict[int, list[float]]] = {k: {n: [] for n in range(5)} for k in kinds}
+        usable, probes = [], []
+        for round_ in range(FEED_ROUNDS):
+            usable.append(effective_cores(0.5))
+            probes.append(measure_transfer(sample_bytes=size, batch_size=16))
+            # the main-process cost drifts 2x on this machine: measure it in the round
+            alone = _rate(dataset, 0, 24)
+            load = report.cpu_load or 1.0
+            before_cost = SampleCost.from_rate(alone, cpu_load=load)
+            after_cost = SampleCost.from_rate(alone, cpu_load=load, out_bytes=out)
+            before = feed_needs(before_cost, batch_size=16, step_seconds=0.001, cores=cores + 1)
+            after = feed_needs(after_cost, batch_size=16, step_seconds=0.001, cores=cores + 1,
+                               transfer=probes[-1])  # fmt: skip
+            for num in (*range(round_ % 4 + 1, 5), *range(1, round_ % 4 + 1)):
+                extra, receive = after.handoff() if num else (0.0, 0.0)
+                cpu = after.cost.cpu_seconds
+                given = max(usable[-1], 1.0)
+                rows["before"][num].append(min(before.throughput(num), given / cpu))
+                rows["after"][num].append(
+                    min(after.throughput(num), given / (cpu + extra + receive))
+                )
+                rows["measured"][num].append(_rate(dataset, num, 24))
+            for kind in kinds:
+                rows[kind][0].append(alone)
+        print(f"\n{size // MiB} MiB samples, batch 16; cpu_load {report.cpu_load}; out "
+              f"{after.cost.out_bytes / MiB:.2f} MiB a sample; cores given "
+              f"{', '.join(f'{u:.2f}' for u in usable)}; transfer per round:")  # fmt: skip
+        for probe in probes:
+            print(f"  {probe} (spread {probe.spread:.2f})")
+        print("| workers | before samples/s | after samples/s | measured samples/s | "
+              "before error | after error | measured, every round |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for num in range(5):
+            med = {k: statistics.median(v[num]) for k, v in rows.items()}
+            low, high = min(rows["measured"][num]), max(rows["measured"][num])
+            print(f"| {num} | {med['before']:,.0f} | {med['after']:,.0f} | {med['measured']:,.0f}"
+                  f" | {med['before'] / med['measured'] - 1:+.1%} "
+                  f"| {med['after'] / med['measured'] - 1:+.1%} | {low:,.0f}-{high:,.0f} |",
+                  flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "torchfit-host")
@@ -351,6 +426,8 @@ def main() -> None:
         workers()
     if "feed" in parts:
         feed(args.root)
+    if "feed" in parts or "transfer" in parts:
+        transfer()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ speed that keep the card fed. Its parts stand alone:
   `optimizer_offload_bytes` and `kv_offload_bytes` for state kept on the host.
 * feeding: `feed_needs` turns the loader's per-sample cost and a step time into workers,
   cores and read speed, against the machine (`measure_disk` reads the disk with the page
-  cache kept out), and says whether the GPU, the CPU or the disk bounds the run.
+  cache kept out; `measure_transfer` what handing a batch from a worker costs), and says
+  whether the GPU, the CPU or the disk bounds the run.
 
 Example:
     >>> plan = host_fits("llama-3.1-8b", "workstation-a100", bits=4)
@@ -39,6 +40,7 @@ from torchfit.host.plan import HostPlan, HostVerdict, host_fits
 from torchfit.host.result import LoadMemory
 from torchfit.host.rss import RssMeasurement, RssSample, measure_rss, read_rss
 from torchfit.host.spec import LoadMethod, LoadSpec
+from torchfit.host.transfer import TYPICAL_TRANSFER, TransferCost, measure_transfer
 from torchfit.host.workers import WorkerMeasurement, WorkerMemory, measure_workers, worker_memory
 
 __all__ = [
@@ -70,8 +72,11 @@ __all__ = [
     "Feed",
     "FeedBound",
     "SampleCost",
+    "TYPICAL_TRANSFER",
+    "TransferCost",
     "feed_needs",
     "measure_disk",
+    "measure_transfer",
     "read_bytes_per_sample",
     # measuring: the truth
     "LoadMeasurement",

@@ -19,6 +19,12 @@ the response time law (Lazowska et al., *Quantitative System Performance*, 1984,
     min(r / (Z + r * bytes / D(r)), cores / cpu_per_sample)
 
 which is ``D(r) / bytes`` when reads dominate and ``r / Z`` when the CPU work does.
+
+A worker also hands each batch to the main process (`torchfit.host.transfer`): with
+``w >= 1`` workers each sample of ``out_bytes`` costs the worker ``T_w`` more CPU (and
+wall) time, and the main process ``T_m`` to receive it, so ``Z``, the wall time and the
+CPU time above each grow by ``T_w``, and the main process, one process, caps the pace at
+``1 / T_m`` whatever the worker count. With ``w = 0`` neither is paid.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torchfit.host.disk import DiskSpeed
+from torchfit.host.transfer import TYPICAL_TRANSFER, TransferCost
 from torchfit.loaders import LoaderReport
 
 __all__ = ["Feed", "FeedBound", "SampleCost", "feed_needs", "read_bytes_per_sample"]
@@ -51,6 +58,8 @@ class SampleCost:
         wall_seconds: Wall time of one sample in one process (``1 / samples_per_s``).
         cpu_seconds: CPU time of one sample (``cpu_load * wall_seconds``).
         read_bytes: Bytes read from disk per sample (0: data in memory).
+        out_bytes: Tensor bytes of one loaded sample, which a worker hands to the main
+            process (0: the transfer is left out).
 
     Example:
         >>> SampleCost.from_rate(200.0, cpu_load=0.5).cpu_seconds
@@ -60,10 +69,16 @@ class SampleCost:
     wall_seconds: float
     cpu_seconds: float
     read_bytes: float = 0.0
+    out_bytes: float = 0.0
 
     @classmethod
     def from_rate(
-        cls, samples_per_s: float, *, cpu_load: float = 1.0, read_bytes: float = 0.0
+        cls,
+        samples_per_s: float,
+        *,
+        cpu_load: float = 1.0,
+        read_bytes: float = 0.0,
+        out_bytes: float = 0.0,
     ) -> SampleCost:
         """From one process's samples/s and the share of a CPU it keeps busy."""
         if not samples_per_s > 0 or not 0 < cpu_load <= 1:
@@ -71,19 +86,39 @@ class SampleCost:
                 f"samples_per_s must be > 0 and cpu_load in (0, 1]; got {samples_per_s!r}, "
                 f"{cpu_load!r}"
             )
+        if not out_bytes >= 0:
+            raise ValueError(f"out_bytes must be >= 0 bytes per sample; got {out_bytes!r}")
         wall = 1.0 / samples_per_s
-        return cls(wall, wall * cpu_load, read_bytes)
+        return cls(wall, wall * cpu_load, read_bytes, out_bytes)
 
     @classmethod
-    def from_report(cls, report: LoaderReport, *, read_bytes: float = 0.0) -> SampleCost:
-        """From `torchfit.loaders.tuned_loader_and_report`'s main-process baseline."""
+    def from_report(
+        cls,
+        report: LoaderReport,
+        *,
+        read_bytes: float = 0.0,
+        out_bytes: float | None = None,
+        batch_size: int | None = None,
+    ) -> SampleCost:
+        """From `torchfit.loaders.tuned_loader_and_report`'s main-process baseline.
+
+        ``out_bytes`` defaults to the report's ``batch_bytes / batch_size`` when both are
+        known (``batch_size``: the loader's), else 0.
+        """
         if not report.baseline_samples_per_s:
             raise ValueError(
                 "the report has no main-process baseline (num_workers was fixed by the "
                 "caller); tune without fixing num_workers, or pass SampleCost.from_rate(...)"
             )
+        if out_bytes is None:
+            out_bytes = 0.0
+            if report.batch_bytes is not None and batch_size:
+                out_bytes = report.batch_bytes / batch_size
         return cls.from_rate(
-            report.baseline_samples_per_s, cpu_load=report.cpu_load or 1.0, read_bytes=read_bytes
+            report.baseline_samples_per_s,
+            cpu_load=report.cpu_load or 1.0,
+            read_bytes=read_bytes,
+            out_bytes=out_bytes,
         )
 
 
@@ -102,6 +137,10 @@ class Feed:
         cost: The per-sample cost used.
         bound: What limits the pace: the GPU (the loader keeps up), the CPU or the disk.
         max_samples_per_s: The pace the machine's CPU and disk allow, any worker count.
+        batch_size: Samples per batch (the transfer's per-batch costs are shared by them).
+        transfer: What moving a batch from a worker costs (``None``: left out).
+        main_cpu: Share of the training process's core spent receiving the batches at
+            `samples_per_s` (0 without workers or transfer).
     """
 
     samples_per_s: float
@@ -113,16 +152,32 @@ class Feed:
     cost: SampleCost
     bound: FeedBound
     max_samples_per_s: float
+    batch_size: int = 1
+    transfer: TransferCost | None = None
+    main_cpu: float = 0.0
+
+    def handoff(self) -> tuple[float, float]:
+        """Per sample with workers: the worker's extra CPU and the main process's receive."""
+        if self.transfer is None:
+            return 0.0, 0.0
+        size, batch = self.cost.out_bytes, self.batch_size
+        return (
+            self.transfer.worker_seconds(size, batch_size=batch),
+            self.transfer.main_seconds(size, batch_size=batch),
+        )
 
     def throughput(self, workers: int) -> float:
         """Samples/s a loader with ``workers`` workers delivers here (0: the main process)."""
         cost, readers = self.cost, max(workers, 1)
+        extra, receive = self.handoff() if workers > 0 else (0.0, 0.0)
+        cpu, wall = cost.cpu_seconds + extra, cost.wall_seconds + extra
         cores = min(readers, self.cores_available + (1 if workers == 0 else 0))
-        compute = cores / cost.cpu_seconds if cost.cpu_seconds > 0 else math.inf
+        compute = cores / cpu if cpu > 0 else math.inf
+        main = 1 / receive if receive > 0 else math.inf
         if self.disk is None or cost.read_bytes <= 0:
-            return min(readers / cost.wall_seconds, compute)
+            return min(readers / wall, compute, main)
         wait = readers * cost.read_bytes / self.disk.random_at(readers)
-        return min(readers / (cost.cpu_seconds + wait), compute)
+        return min(readers / (cpu + wait), compute, main)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values."""
@@ -146,6 +201,13 @@ class Feed:
             f"  disk read needed      {read:>10,.1f} MB/s   available {disk}",
             f"  bound by              {self.bound.value:>10}   {limit}",
         ]
+        extra, receive = self.handoff()
+        if receive > 0:
+            lines.insert(
+                3,
+                f"  hand-off per sample   {extra * 1e3:>10.3f} ms worker, {receive * 1e3:.3f} ms "
+                f"main (main's limit {1 / receive:,.0f} samples/s)",
+            )
         return "\n".join(lines)
 
 
@@ -156,6 +218,7 @@ def feed_needs(
     step_seconds: float,
     cores: int,
     disk: DiskSpeed | None = None,
+    transfer: TransferCost | None = None,
 ) -> Feed:
     """How many workers, cores and bytes/s of disk a run needs, and which one bounds it.
 
@@ -166,6 +229,8 @@ def feed_needs(
         step_seconds: Seconds of one training step (GPU time; a number for now).
         cores: CPU cores of this process (``os.sched_getaffinity``; one goes to training).
         disk: The data disk's speed (`measure_disk`); ``None`` leaves reads out.
+        transfer: What moving a batch from a worker costs (`measure_transfer`); with
+            ``None``, `TYPICAL_TRANSFER` when the cost has ``out_bytes``.
 
     Returns:
         A `Feed`.
@@ -178,41 +243,46 @@ def feed_needs(
         >>> feed_needs(cost, batch_size=64, step_seconds=0.02, cores=6).bound.value
         'cpu'
     """
-    sample = cost if isinstance(cost, SampleCost) else SampleCost.from_report(cost)
+    if isinstance(cost, SampleCost):
+        sample = cost
+    else:
+        sample = SampleCost.from_report(cost, batch_size=batch_size)
     if batch_size < 1 or not step_seconds > 0 or cores < 1:
         raise ValueError(
             f"batch_size and cores must be >= 1 and step_seconds > 0; got {batch_size}, "
             f"{cores}, {step_seconds}"
         )
     needed = batch_size / step_seconds
-    workers = math.ceil(needed * sample.wall_seconds - 1e-9)
-    available = max(cores - 1, 1)
-    cpu_limit = available / sample.cpu_seconds if sample.cpu_seconds > 0 else math.inf
+    if transfer is None and sample.out_bytes > 0:
+        transfer = TYPICAL_TRANSFER
+    feed = Feed(needed, 0, 0.0, needed * sample.read_bytes, max(cores - 1, 1), disk, sample,
+                FeedBound.GPU, 0.0, batch_size, transfer)  # fmt: skip
+    extra, receive = feed.handoff()
+    workers = math.ceil(needed * (sample.wall_seconds + extra) - 1e-9)
+    cpu = sample.cpu_seconds + extra
+    cpu_limit = feed.cores_available / cpu if cpu > 0 else math.inf
+    cpu_limit = min(cpu_limit, 1 / receive if receive > 0 else math.inf)  # the main process
     disk_limit = math.inf
     if disk is not None and sample.read_bytes > 0:
         disk_limit = disk.best / sample.read_bytes
-    best = min(cpu_limit, disk_limit)
+    # with a transfer, the main process alone may outrun any number of workers
+    best = max(min(cpu_limit, disk_limit), feed.throughput(0) if receive > 0 else 0.0)
     if best >= needed:
         bound = FeedBound.GPU
     else:
         bound = FeedBound.CPU if cpu_limit <= disk_limit else FeedBound.DISK
-    feed = Feed(
-        samples_per_s=needed,
-        workers=workers,
-        cores=needed * sample.cpu_seconds,
-        read_bytes_per_s=needed * sample.read_bytes,
-        cores_available=available,
-        disk=disk,
-        cost=sample,
-        bound=bound,
-        max_samples_per_s=best,
-    )
-    if disk is None or sample.read_bytes <= 0 or bound is not FeedBound.GPU:
+    feed = dataclasses.replace(feed, workers=workers, cores=needed * cpu, bound=bound,
+                               max_samples_per_s=best, main_cpu=needed * receive)  # fmt: skip
+    if bound is not FeedBound.GPU or (receive <= 0 and (disk is None or sample.read_bytes <= 0)):
         return feed
-    # readers share the disk, so more workers may be needed than the wall time says
-    fits = (w for w in range(1, 1025) if feed.throughput(w) >= needed * (1 - 1e-9))
+    # readers share the disk, and handing batches over costs: search the smallest count
+    fits = (w for w in range(1025) if feed.throughput(w) >= needed * (1 - 1e-9))
     enough = next(fits, workers)
-    return dataclasses.replace(feed, workers=enough)
+    if enough == 0 and receive <= 0:
+        enough = 1  # without a transfer, one worker is no slower than none
+    main = 0.0 if enough == 0 else needed * receive
+    cores_used = needed * (sample.cpu_seconds if enough == 0 else cpu)
+    return dataclasses.replace(feed, workers=enough, main_cpu=main, cores=cores_used)
 
 
 def read_bytes_per_sample(dataset: Any, *, samples: int = 64) -> float:
