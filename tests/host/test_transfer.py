@@ -99,6 +99,18 @@ def test_the_sample_size_comes_from_the_report_or_the_typical_machine():
     receive = TYPICAL_TRANSFER.main_seconds(MiB, batch_size=16)
     assert fast.workers == 3  # 2 ms + the hand-off a sample: 2 workers give < 800/s
     assert fast.main_cpu == pytest.approx(800 * receive)
+    # a report that knows its loader's batch (tuned_loader_and_report's) uses it, not the step's
+    own = LoaderReport(**{**report.__dict__, "batch_size": 8})
+    assert SampleCost.from_report(own, batch_size=16).out_bytes == 2 * MiB
+
+
+def test_a_tuned_loaders_report_carries_its_batch_size():
+    from torchfit.loaders import tuned_loader_and_report
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 32))
+    _, report = tuned_loader_and_report(data, batch_size=8, time_budget=0.5, num_workers=0)
+    assert report.batch_size == 8
+    assert report.batch_bytes == 8 * 32 * 4
 
 
 @settings(max_examples=50, deadline=None)

@@ -102,8 +102,8 @@ class SampleCost:
     ) -> SampleCost:
         """From `torchfit.loaders.tuned_loader_and_report`'s main-process baseline.
 
-        ``out_bytes`` defaults to the report's ``batch_bytes / batch_size`` when both are
-        known (``batch_size``: the loader's), else 0.
+        ``out_bytes`` defaults to the report's ``batch_bytes`` over the loader's batch size
+        (the report's, else ``batch_size``) when both are known, else 0.
         """
         if not report.baseline_samples_per_s:
             raise ValueError(
@@ -112,8 +112,9 @@ class SampleCost:
             )
         if out_bytes is None:
             out_bytes = 0.0
-            if report.batch_bytes is not None and batch_size:
-                out_bytes = report.batch_bytes / batch_size
+            per_batch = report.batch_size or batch_size
+            if report.batch_bytes is not None and per_batch:
+                out_bytes = report.batch_bytes / per_batch
         return cls.from_rate(
             report.baseline_samples_per_s,
             cpu_load=report.cpu_load or 1.0,

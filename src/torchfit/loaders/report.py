@@ -144,6 +144,8 @@ class LoaderReport:
         fixed: The knobs the caller set, which were not tuned.
         reasons: Why the chosen configuration won, in words.
         warnings: Problems found (shm, Python objects copied into workers, duplicates).
+        batch_size: The loader's samples per batch (None with a ``batch_sampler``): with
+            ``batch_bytes``, the bytes of one sample.
     """
 
     chosen: LoaderConfig
@@ -159,6 +161,7 @@ class LoaderReport:
     fixed: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    batch_size: int | None = None
 
     @property
     def speedup(self) -> float | None:

@@ -138,6 +138,7 @@ def _tune(
         fixed=tuple(sorted(fixed)),
         reasons=tuple(notes),
         warnings=outcome.warnings,
+        batch_size=None if by_sampler else batch_size,
     )
     _log.info("%s", report)
     return loader, report
