@@ -231,7 +231,11 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
     def device_estimate(model, settings, card):
         return MemoryEstimate(weights=held(settings.step.batch_size), device="cuda")
 
+    from torchfit.memory.plan import device
+
     monkeypatch.setattr(verdict, "_device_estimate", device_estimate)
+    monkeypatch.setattr(device, "device_estimate", device_estimate)
+    monkeypatch.setattr(device, "step_estimate", lambda m, s: device_estimate(m, s, None))
     card = GPU.custom("lab card", memory="6GiB")
     plan = plan_card("gpt2", card, batch_size=1, seq_len=128)
     predicted = max_batch_size(lambda b: MemoryEstimate(weights=held(b)), card.memory, margin=0.0)
@@ -320,3 +324,19 @@ def test_the_verdict_decides_on_the_oom_line_not_on_what_the_allocator_would_cac
     assert e.device_total > plan.budget
     assert plan.fits and plan.headroom == plan.budget - e.device_needed > 0
     assert "needs on the card (OOM line)" in str(e)
+
+
+@pytest.mark.parametrize("budget", ["3GiB", "6GiB"])
+def test_the_quick_refusal_agrees_with_the_device_estimate(budget):
+    from torchfit.memory.plan.device import device_estimate, holds, step_estimate
+    from torchfit.memory.plan.settings import Settings
+    from torchfit.memory.step import Step
+
+    card, _ = resolve_budget(budget)
+    for batch in (1, 2, 3, 5, 8, 13):
+        settings = Settings(
+            model="gpt2", step=Step(batch_size=batch, seq_len=512, precision="bf16-mixed")
+        )
+        full = device_estimate("gpt2", settings, card)
+        assert holds("gpt2", settings, card) == (full.device_needed <= card.total)
+        assert step_estimate("gpt2", settings).total <= full.device_needed  # the lower bound

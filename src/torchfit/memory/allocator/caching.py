@@ -239,13 +239,17 @@ class CachingAllocator:
             torch.OutOfMemoryError: A ``capacity`` was given and the segment does not
                 fit even after releasing every cached segment.
         """
-        check_nbytes(nbytes)
+        if type(nbytes) is not int or nbytes < 0:  # the common case kept cheap
+            check_nbytes(nbytes)
         handle = self._next_handle
         self._next_handle += 1
         if nbytes == 0:  # NativeCachingAllocator::allocate: no malloc for 0 bytes
             self._live[handle] = None
             return handle
-        size = round_request(nbytes, roundup_power2_divisions=self._divisions)
+        if self._divisions <= 1:  # round_request's plain 512-byte rounding, inlined
+            size = -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        else:
+            size = round_request(nbytes, roundup_power2_divisions=self._divisions)
         small = size <= K_SMALL_SIZE  # get_pool
         pool = self._small if small else self._large
         block = self._get_free_block(pool, size)

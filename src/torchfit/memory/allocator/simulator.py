@@ -58,7 +58,15 @@ class _Run:
     def feed(self, events: Iterable[Event | Sequence[object]], where: str) -> None:
         allocator, live, inherited = self.allocator, self.live, self.inherited
         for index, event in enumerate(events):
-            key, nbytes = _parse(where, index, event)
+            # a plain (key, nbytes) tuple, the form `step_schedule` writes, skips the checks
+            # of every other form (isinstance against the Sequence ABC costs a microsecond)
+            nbytes: int | None
+            if type(event) is tuple and len(event) == 2 and type(event[1]) is int and event[1] >= 0:
+                key, nbytes = event[0], event[1]
+            elif type(event) is tuple and len(event) == 1:  # (key,): a free
+                key, nbytes = event[0], None
+            else:
+                key, nbytes = _parse(where, index, event)
             if nbytes is None:
                 if key not in live:
                     raise ValueError(

@@ -18,14 +18,35 @@ from torchfit.memory.plan.settings import Settings
 from torchfit.memory.plan.sharded import per_rank
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["NOT_MODELLED", "device_estimate", "workspace_note"]
+__all__ = ["NOT_MODELLED", "device_estimate", "holds", "step_estimate", "workspace_note"]
+
+
+def step_estimate(model: Any, settings: Settings) -> MemoryEstimate:
+    """The step's allocated bytes per rank, before the card's view (no replay: fast).
+
+    Its ``total`` is a lower bound of `device_estimate`'s ``device_needed``: the device
+    view only adds (a workspace, the context) and the OOM line is never below it.
+    """
+    single = estimate(model, settings.step)
+    if settings.strategy is not None and settings.step.training:
+        single = per_rank(model, settings, single)
+    return single
+
+
+def holds(model: Any, settings: Settings, card: GPU) -> bool:
+    """``settings``' step fits ``card`` (`device_estimate`'s ``device_needed``).
+
+    A step whose allocated bytes alone exceed the card is refused before the allocator
+    replay, which is what makes a search for the largest batch or sequence quick.
+    """
+    if step_estimate(model, settings).total > card.total:
+        return False
+    return device_estimate(model, settings, card).device_needed <= card.total
 
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
     """The device estimate a plan judges: ``settings`` estimated, per rank, on ``card``."""
-    single = estimate(model, settings.step)
-    if settings.strategy is not None and settings.step.training:
-        single = per_rank(model, settings, single)
+    single = step_estimate(model, settings)
     placed = to_device(single, gpu=card, **settings.device())
     # the workspace's note goes before the device notes (cuBLAS's first), after the step's own
     kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0

@@ -25,6 +25,7 @@ from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.device import device_estimate as _device_estimate
+from torchfit.memory.plan.device import holds
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
 from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
@@ -275,14 +276,14 @@ def plan_card(
         settings = default_seq_len(model, settings)
     current = _device_estimate(model, settings, card)
 
-    def needed(**changes: Any) -> int:
-        return _device_estimate(model, settings.replace(**changes), card).device_needed
+    def fits_with(**changes: Any) -> bool:
+        return holds(model, settings.replace(**changes), card)
 
-    largest = largest_fitting(lambda b: needed(batch_size=b) <= card.total, 1 << 20)
+    largest = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
     longest = None
     if settings.step.seq_len is not None:
         longest = largest_fitting(
-            lambda s: needed(batch_size=1, seq_len=s) <= card.total,
+            lambda s: fits_with(batch_size=1, seq_len=s),
             max_positions(model, settings),
         )
     advice = advise(
