@@ -22,7 +22,6 @@ from collections.abc import Callable
 import torch
 
 from torchfit._core import checks
-from torchfit._core.units import format_bytes
 from torchfit.memory.allocator.blocks import Block, FreePool, link
 from torchfit.memory.allocator.rules import (
     K_LARGE_BUFFER,
@@ -32,7 +31,9 @@ from torchfit.memory.allocator.rules import (
     SegmentInfo,
     allocation_size,
     check_divisions,
+    check_max_split_size,
     check_nbytes,
+    oom_message,
     round_request,
 )
 
@@ -90,14 +91,7 @@ class CachingAllocator:
         if capacity is not None:
             check_nbytes(capacity, "capacity")
         if max_split_size is not None:
-            check_nbytes(max_split_size, "max_split_size")
-            # AcceleratorAllocatorConfig::parseMaxSplitSize rejects values below kLargeBuffer.
-            if max_split_size < K_LARGE_BUFFER:
-                raise ValueError(
-                    f"max_split_size must be at least 20 MiB ({K_LARGE_BUFFER} bytes), as "
-                    f"PyTorch's max_split_size_mb requires; got {max_split_size}; "
-                    "use None for the default (unlimited)"
-                )
+            check_max_split_size(max_split_size)
         self._capacity = capacity
         self._max_split = max_split_size
         self._divisions = check_divisions(roundup_power2_divisions)
@@ -263,7 +257,9 @@ class CachingAllocator:
                 self.empty_cache()  # release_cached_blocks, then alloc_block(isRetry=true)
                 block = self._alloc_block(alloc_size, small=small)
             if block is None:
-                raise torch.OutOfMemoryError(self._oom_message(alloc_size))
+                raise torch.OutOfMemoryError(
+                    oom_message(alloc_size, self._capacity or 0, self._allocated, self._reserved)
+                )
         if self._should_split(block, size):
             block = self._split(block, size, pool)
         block.allocated = True
@@ -412,13 +408,3 @@ class CachingAllocator:
             if dst.next is not None:
                 dst.next.prev = dst
         dst.size += src.size
-
-    def _oom_message(self, alloc_size: int) -> str:
-        cached = self._reserved - self._allocated
-        return (
-            f"CUDA out of memory (simulated). Tried to allocate {format_bytes(alloc_size)}; "
-            f"capacity {format_bytes(self._capacity or 0)}, of which "
-            f"{format_bytes(self._allocated)} is allocated and {format_bytes(cached)} is "
-            "reserved but unallocated (held by partly used segments). Lower the batch size, "
-            "or model expandable_segments / max_split_size to reduce fragmentation."
-        )

@@ -24,7 +24,9 @@ __all__ = [
     "SegmentInfo",
     "allocation_size",
     "check_divisions",
+    "check_max_split_size",
     "check_nbytes",
+    "oom_message",
     "round_request",
     "segment_size",
 ]
@@ -45,6 +47,19 @@ def check_nbytes(nbytes: int, what: str = "nbytes") -> int:
     if nbytes < 0:
         raise ValueError(f"{what} must be >= 0 bytes; got {nbytes}")
     return nbytes
+
+
+def check_max_split_size(max_split_size: int) -> int:
+    """``max_split_size`` when it is a byte count of at least 20 MiB; else an error."""
+    check_nbytes(max_split_size, "max_split_size")
+    # AcceleratorAllocatorConfig::parseMaxSplitSize rejects values below kLargeBuffer.
+    if max_split_size < K_LARGE_BUFFER:
+        raise ValueError(
+            f"max_split_size must be at least 20 MiB ({K_LARGE_BUFFER} bytes), as "
+            f"PyTorch's max_split_size_mb requires; got {max_split_size}; "
+            "use None for the default (unlimited)"
+        )
+    return max_split_size
 
 
 def check_divisions(divisions: int) -> int:
@@ -229,3 +244,14 @@ class AllocatorStats:
             ["AllocatorStats (simulated CUDA caching allocator)"]
             + [f"  {name:<16}  {value:>12}" for name, value in rows]
         )
+
+
+def oom_message(alloc_size: int, capacity: int, allocated: int, reserved: int) -> str:
+    """The simulated ``torch.OutOfMemoryError`` text: what was asked, what is held."""
+    return (
+        f"CUDA out of memory (simulated). Tried to allocate {format_bytes(alloc_size)}; "
+        f"capacity {format_bytes(capacity)}, of which {format_bytes(allocated)} is "
+        f"allocated and {format_bytes(reserved - allocated)} is reserved but unallocated "
+        "(held by partly used segments). Lower the batch size, or model "
+        "expandable_segments / max_split_size to reduce fragmentation."
+    )
