@@ -45,9 +45,13 @@ __all__ = [
 ]
 
 #: Unique memory (USS) of a forked worker whose dataset holds no Python containers, after
-#: an epoch of small batches: 10-11.5 MiB measured with torch 2.13 and Python 3.11 on
-#: Linux, whether or not transformers was imported in the parent.
-WORKER_BASE_BYTES = 10 * 2**20 + 2**19
+#: an epoch of small batches. Measured with torch 2.13 and Python 3.11 on Linux (Intel Xeon
+#: and AMD EPYC): 13.8-14.7 MiB under a script that imported torch (and transformers). It
+#: depends on what the parent did before the fork: a worker seeds NumPy's generator
+#: (``torch/utils/data/_utils/worker.py``), importing ``numpy.random`` itself when the
+#: parent never did (+4-6 MiB), and a parent that froze its heap (``gc.freeze``) spares
+#: the worker's collector the writes to its objects' headers (10.5 MiB).
+WORKER_BASE_BYTES = 14 * 2**20
 
 
 def touched_fraction(
