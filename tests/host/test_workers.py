@@ -1,5 +1,6 @@
 """DataLoader workers' host memory: predicted against the workers' USS read from /proc."""
 
+import gc
 import sys
 
 import numpy as np
@@ -37,10 +38,21 @@ class Records(Dataset):
         return torch.zeros(4)
 
 
+def _measure(loader, **kwargs):
+    """`measure_workers` after a full collection, with every survivor frozen.
+
+    A worker's collector writes to the header of every object it traverses, copying the
+    page: freezing keeps the garbage of earlier tests out of both measurements.
+    """
+    gc.collect()
+    gc.freeze()
+    return measure_workers(loader, **kwargs)
+
+
 def _base_uss(workers, length, batch_size):
     """Each worker's own pages in this process: a loader over a dataset with no objects."""
     empty = TensorDataset(torch.zeros(length, 1))
-    return measure_workers(DataLoader(empty, batch_size=batch_size, num_workers=workers)).uss
+    return _measure(DataLoader(empty, batch_size=batch_size, num_workers=workers)).uss
 
 
 @pytest.mark.slow
@@ -55,12 +67,12 @@ def test_predicted_worker_memory_matches_their_uss(kind, workers, shuffle):
     `WORKER_BASE_BYTES`), which differs between this file run alone, in the suite and in a
     pytest-xdist worker; the copies above them do not.
     """
-    dataset = Records(300_000, kind)
-    loader = DataLoader(dataset, batch_size=128, num_workers=workers, shuffle=shuffle)
-    predicted = worker_memory(dataset, num_workers=workers, batch_size=128, shuffle=shuffle)
-    measured = measure_workers(loader)
+    dataset = Records(1_000_000, kind)
+    loader = DataLoader(dataset, batch_size=512, num_workers=workers, shuffle=shuffle)
+    predicted = worker_memory(dataset, num_workers=workers, batch_size=512, shuffle=shuffle)
+    measured = _measure(loader)
     assert len(measured.uss) == workers
-    base = _base_uss(workers, len(dataset), 128)
+    base = _base_uss(workers, len(dataset), 512)
     copied = measured.copies - sum(base)
     predicted_copied = predicted.copies - workers * predicted.base
     assert abs(predicted_copied - copied) <= 0.15 * copied, (predicted, measured, base)

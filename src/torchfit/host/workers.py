@@ -207,7 +207,7 @@ def worker_memory(
         ...         return len(self.paths)
         >>> mem = worker_memory(Paths(), num_workers=4, batch_size=64, shuffle=True)
         >>> mem.fraction, format_bytes(mem.python_bytes), format_bytes(mem.per_worker)
-        (1.0, '7.72 MiB', '18.22 MiB')
+        (1.0, '7.72 MiB', '21.72 MiB')
     """
     if isinstance(num_workers, bool) or num_workers < 0:
         raise ValueError(f"num_workers must be a whole number >= 0; got {num_workers!r}")
