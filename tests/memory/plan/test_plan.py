@@ -340,3 +340,25 @@ def test_the_quick_refusal_agrees_with_the_device_estimate(budget):
         full = device_estimate("gpt2", settings, card)
         assert holds("gpt2", settings, card) == (full.device_needed <= card.total)
         assert step_estimate("gpt2", settings).total <= full.device_needed  # the lower bound
+
+
+def test_the_advice_skips_replays_of_steps_too_big_for_the_card_and_says_the_same(monkeypatch):
+    from torchfit.memory.plan import device, verdict
+
+    full_estimates = []
+    real = verdict._device_estimate
+
+    def counted(model, settings, card):
+        full_estimates.append(settings.step.batch_size)
+        return real(model, settings, card)
+
+    monkeypatch.setattr(verdict, "_device_estimate", counted)
+    monkeypatch.setattr(device, "device_estimate", counted)
+    quick = plan_card("gpt2-medium", "RTX 3060", batch_size=64, seq_len=1024)
+    quick_count = len(full_estimates)
+    full_estimates.clear()
+    monkeypatch.setattr(verdict, "outgrows", lambda model, settings, card: False)
+    slow = plan_card("gpt2-medium", "RTX 3060", batch_size=64, seq_len=1024)
+    assert [a.to_dict() for a in quick.advice] == [a.to_dict() for a in slow.advice]
+    assert any("GPUs" in a.knob for a in quick.advice)  # the sharding search ran
+    assert quick_count < len(full_estimates), (quick_count, len(full_estimates))

@@ -77,6 +77,7 @@ class _Baseline:
     settings: Settings
     current: MemoryEstimate
     budget: int
+    refuses: Callable[[dict[str, Any]], bool]
 
     def advice(self, knob: str, changes: dict[str, Any], needed: int, detail: str = "") -> Advice:
         """An `Advice` for ``changes`` to the settings, which need ``needed`` bytes."""
@@ -166,9 +167,15 @@ def advise(
     current: MemoryEstimate,
     card: GPU,
     num_gpus: int,
+    refuses: Callable[[dict[str, Any]], bool] | None = None,
 ) -> tuple[Advice, ...]:
-    """Every applicable knob, re-estimated, sorted by bytes saved (largest first)."""
-    base = _Baseline(settings, current, card.total)
+    """Every applicable knob, re-estimated, sorted by bytes saved (largest first).
+
+    ``refuses(changes)`` is a quick test that a change cannot fit the card (its allocated
+    bytes alone exceed it): the searches over micro-batches and GPU counts skip the full
+    re-estimate of such a step and make it only for the size they report.
+    """
+    base = _Baseline(settings, current, card.total, refuses or (lambda _: False))
     found: list[Advice] = []
     for knob, changes, detail in _changes(settings, card):
         try:
@@ -199,6 +206,9 @@ def _accumulation(
             "optimizer_in_backward": False,
         }
         try:
+            if micro > 1 and base.refuses(changes):
+                micro //= 2
+                continue
             needed = reestimate(changes).device_needed
         except ValueError:  # the estimator cannot model accumulation for this model
             return []
@@ -221,7 +231,13 @@ def _sharding(
     for strategy, label, detail in _STRATEGIES:
         try:
             found = _fewest_gpus(
-                reestimate, strategy, counts, global_batch, budget, accumulated=accumulated
+                reestimate,
+                strategy,
+                counts,
+                global_batch,
+                budget,
+                accumulated=accumulated,
+                refuses=base.refuses,
             )
         except ValueError:  # no transformer description: per-rank plans need one
             return _offload(base)
@@ -249,6 +265,7 @@ def _fewest_gpus(
     budget: int,
     *,
     accumulated: int,
+    refuses: Callable[[dict[str, Any]], bool],
 ) -> tuple[int, int, int, int] | None:
     """(GPUs, per-GPU micro-batch, accumulation steps, device need) for one strategy.
 
@@ -257,18 +274,24 @@ def _fewest_gpus(
     first N with a micro-batch that fits wins; with none, the largest N at micro-batch 1
     is returned as the nearest miss (``None`` when even that saves nothing new).
     """
-    last: tuple[int, int, int, int] | None = None
+    last: tuple[int, int, int, int | None] | None = None
     for n in counts:
         share = math.ceil(global_batch / n)
         micro = share
         while micro >= 1:
             steps = math.ceil(share / micro)
-            needed = reestimate(_sharded(strategy, n, micro, steps, accumulated)).device_needed
-            if needed <= budget:
+            changes = _sharded(strategy, n, micro, steps, accumulated)
+            needed = None if refuses(changes) else reestimate(changes).device_needed
+            if needed is not None and needed <= budget:
                 return n, micro, steps, needed
             last = (n, micro, steps, needed)
             micro //= 2
-    return last
+    if last is None:
+        return None
+    n, micro, steps, needed = last
+    if needed is None:  # refused quickly: the nearest miss is reported, so estimate it
+        needed = reestimate(_sharded(strategy, n, micro, steps, accumulated)).device_needed
+    return n, micro, steps, needed
 
 
 def _sharded(strategy: str, n: int, micro: int, steps: int, accumulated: int) -> dict[str, Any]:

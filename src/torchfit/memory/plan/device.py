@@ -18,7 +18,14 @@ from torchfit.memory.plan.settings import Settings
 from torchfit.memory.plan.sharded import per_rank
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["NOT_MODELLED", "device_estimate", "holds", "step_estimate", "workspace_note"]
+__all__ = [
+    "NOT_MODELLED",
+    "device_estimate",
+    "holds",
+    "outgrows",
+    "step_estimate",
+    "workspace_note",
+]
 
 
 def step_estimate(model: Any, settings: Settings) -> MemoryEstimate:
@@ -33,13 +40,18 @@ def step_estimate(model: Any, settings: Settings) -> MemoryEstimate:
     return single
 
 
+def outgrows(model: Any, settings: Settings, card: GPU) -> bool:
+    """The step's allocated bytes alone exceed ``card``: it cannot fit (no replay: fast)."""
+    return step_estimate(model, settings).total > card.total
+
+
 def holds(model: Any, settings: Settings, card: GPU) -> bool:
     """``settings``' step fits ``card`` (`device_estimate`'s ``device_needed``).
 
     A step whose allocated bytes alone exceed the card is refused before the allocator
     replay, which is what makes a search for the largest batch or sequence quick.
     """
-    if step_estimate(model, settings).total > card.total:
+    if outgrows(model, settings, card):
         return False
     return device_estimate(model, settings, card).device_needed <= card.total
 

@@ -25,7 +25,7 @@ from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.device import device_estimate as _device_estimate
-from torchfit.memory.plan.device import holds
+from torchfit.memory.plan.device import holds, outgrows
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
 from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
@@ -292,6 +292,7 @@ def plan_card(
         current=current,
         card=card,
         num_gpus=count,
+        refuses=lambda changes: outgrows(model, settings.replace(**changes), card),
     )
     return Plan(
         fits=current.device_needed <= card.total,
