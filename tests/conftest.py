@@ -13,11 +13,11 @@ collections skip (https://docs.python.org/3/library/gc.html#gc.freeze); whatever
 creates is still collected exactly as before. The heap is frozen once collection is done
 and again before each test module (after the previous module's fixtures are gone).
 
-Under pytest-xdist (``pytest -n auto --dist loadfile``; not the default, see pyproject),
-torch gives each process one thread per core by default, so two workers on two cores would
-run four
-OpenMP threads that spin waiting for each other (a set of real training steps took 96 s
-that way and 21 s with one thread a worker): each worker gets its share of the cores.
+Under pytest-xdist (``-n auto --dist worksteal`` in pyproject's addopts; ``-n0`` runs one
+process), torch gives each process one thread per core by default, so two workers on two
+cores would run four OpenMP threads that spin waiting for each other (a set of real
+training steps took 96 s that way and 21 s with one thread a worker): each worker gets its
+share of the cores.
 """
 
 import gc

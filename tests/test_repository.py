@@ -115,7 +115,9 @@ def test_ci_runs_the_readme_test_command_word_for_word_under_ci():
     assert script.index("export CI=1") < script.index(command)
     # options CI needs live in pyproject's addopts, so the README's plain `pytest` has them
     options = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    assert "--durations=15" in options["tool"]["pytest"]["ini_options"]["addopts"].split()
+    addopts = options["tool"]["pytest"]["ini_options"]["addopts"].split()
+    assert "--durations=15" in addopts
+    assert addopts[addopts.index("-n") + 1] == "auto"  # every core of the machine
 
 
 def test_the_torch_floor_is_the_torch_the_readme_installs():
