@@ -361,6 +361,7 @@ MEMORY: list[Case] = [
             "context_bytes": SIZE,
             "workspace": FLAG,
             "fragmentation": FRACTION,
+            "oom_line": FLAG,
             "lazy_loading": FLAG,
             "cuda_version": Kind("cuda version", ("", "twelve", -1.0, (12,), True)),
         },

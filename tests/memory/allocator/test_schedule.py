@@ -220,3 +220,20 @@ def test_the_oom_line_separates_the_batches_a_capped_h200_ran_from_those_it_refu
         return to_device(found, gpu="H200", context_bytes=0).oom_line
 
     assert line(largest) <= cap < line(largest + 1)
+
+
+def test_without_the_search_the_device_need_is_the_device_total_and_never_below():
+    found = estimate(
+        transformers.LlamaConfig(**{**LLAMA_1B, "num_hidden_layers": 2}),
+        device="cuda",
+        batch_size=2,
+        seq_len=512,
+        precision="bf16-true",
+        gradient_checkpointing=True,
+    )
+    searched = to_device(found, gpu="H200", context_bytes=0)
+    quick = to_device(found, gpu="H200", context_bytes=0, oom_line=False)
+    assert quick.oom_line is None and searched.oom_line is not None
+    assert quick.reserved == searched.reserved
+    assert quick.device_needed == quick.device_total >= searched.device_needed
+    assert searched.device_needed < searched.device_total  # the search found cached blocks

@@ -200,6 +200,7 @@ def to_device(
     fragmentation: float = DEFAULT_FRAGMENTATION,
     lazy_loading: bool | None = None,
     cuda_version: object = None,
+    oom_line: bool = True,
 ) -> MemoryEstimate:
     """Add the CUDA device's view to an estimate: ``reserved``, ``context``, cuBLAS workspace.
 
@@ -228,6 +229,9 @@ def to_device(
         fragmentation: See `approximate_reserved` (used without ``events``).
         lazy_loading: See `cuda_context_bytes`.
         cuda_version: See `cuda_context_bytes` (``"11.2"``: a context of 1341 MiB).
+        oom_line: With a replayed step schedule, search the smallest capacity it runs in
+            (`MemoryEstimate.oom_line`: about 15 more replays). False skips the search:
+            ``device_needed`` is then ``device_total``, never below the searched one.
 
     Returns:
         A copy of ``estimate`` with ``reserved``, ``context``, ``workspace`` and notes set.
@@ -265,8 +269,8 @@ def to_device(
         )
     replayed = None
     if events is None:
-        replayed = _outline_reserved(estimate, extra, total, notes)
-    oom_line = None if replayed is None else replayed[1]
+        replayed = _outline_reserved(estimate, extra, total, notes, search=oom_line)
+    line = None if replayed is None else replayed[1]
     if replayed is not None:
         reserved = replayed[0]
     elif events is None:
@@ -307,7 +311,7 @@ def to_device(
         reserved=reserved,
         context=context,
         notes=tuple(dict.fromkeys(notes)),
-        oom_line=oom_line,
+        oom_line=line,
     )
 
 
@@ -318,9 +322,9 @@ _OUTLINE_AGREEMENT = 0.10
 
 
 def _outline_reserved(
-    estimate: MemoryEstimate, workspace: int, total: int, notes: list[str]
-) -> tuple[int, int] | None:
-    """Reserved bytes and the OOM line from the replayed `step_schedule` of the outline.
+    estimate: MemoryEstimate, workspace: int, total: int, notes: list[str], *, search: bool
+) -> tuple[int, int | None] | None:
+    """Reserved bytes and the OOM line (with ``search``) from the replayed `step_schedule`.
 
     None when the outline does not describe this estimate's step (its weights differ,
     or its replayed allocated peak is more than `_OUTLINE_AGREEMENT` away from
@@ -340,6 +344,12 @@ def _outline_reserved(
     # is added as whole 2 MiB pages.
     missing = max(total - stats.peak_allocated, 0)
     reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
+    if not search:
+        notes.append(
+            f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
+            f"events after a warm-up of {len(warm)}) replayed through the allocator model"
+        )
+        return max(reserved, total), None
     line = smallest_capacity(
         schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
     ) + (reserved - stats.peak_reserved)

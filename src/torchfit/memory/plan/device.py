@@ -49,10 +49,14 @@ def holds(model: Any, settings: Settings, card: GPU) -> bool:
     """``settings``' step fits ``card`` (`device_estimate`'s ``device_needed``).
 
     A step whose allocated bytes alone exceed the card is refused before the allocator
-    replay, which is what makes a search for the largest batch or sequence quick.
+    replay, and one whose reserved bytes fit is taken after a single replay, before the
+    search for its OOM line: what makes a search for the largest batch or sequence quick.
     """
     if outgrows(model, settings, card):
         return False
+    single = step_estimate(model, settings)
+    if to_device(single, gpu=card, oom_line=False, **settings.device()).device_total <= card.total:
+        return True  # device_needed <= device_total
     return device_estimate(model, settings, card).device_needed <= card.total
 
 
