@@ -145,7 +145,7 @@ def test_the_avx2_rules_hold_against_the_real_calls():
     _needs_avx2()
     here = Path(__file__).with_name("avx2_kernel_calls.py")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", str(here)],
         env={**os.environ, **_AVX2_ENV},
         capture_output=True,
         text=True,

@@ -102,7 +102,7 @@ def test_the_avx2_rules_hold_under_avx2_dispatch():
     here = Path(__file__).with_name("avx2_calls.py")
     env = {**os.environ, **_AVX2_ENV}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", str(here)],
         env=env,
         capture_output=True,
         text=True,
