@@ -68,11 +68,11 @@ def test_predicted_worker_memory_matches_their_uss(kind, workers, shuffle):
     pytest-xdist worker; the copies above them do not.
     """
     dataset = Records(1_000_000, kind)
-    loader = DataLoader(dataset, batch_size=512, num_workers=workers, shuffle=shuffle)
-    predicted = worker_memory(dataset, num_workers=workers, batch_size=512, shuffle=shuffle)
+    loader = DataLoader(dataset, batch_size=1024, num_workers=workers, shuffle=shuffle)
+    predicted = worker_memory(dataset, num_workers=workers, batch_size=1024, shuffle=shuffle)
     measured = _measure(loader)
     assert len(measured.uss) == workers
-    base = _base_uss(workers, len(dataset), 512)
+    base = _base_uss(workers, len(dataset), 1024)
     copied = measured.copies - sum(base)
     predicted_copied = predicted.copies - workers * predicted.base
     assert abs(predicted_copied - copied) <= 0.15 * copied, (predicted, measured, base)
