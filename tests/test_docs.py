@@ -434,13 +434,6 @@ def test_nav_parser(tmp_path):
     assert nav_pages(config) == ["index.md", "guides/a.md", "c.md"]
 
 
-def python_blocks(page: Path) -> list[str]:
-    """The ```python blocks of a page, in order."""
-    return re.findall(
-        r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE
-    )
-
-
 #: Pages whose Python blocks are one script, run top to bottom as a reader would.
 #: Blocks that load a real checkpoint ("path/to/...") are illustrations and left out.
 SNIPPET_PAGES = (
@@ -457,17 +450,49 @@ SNIPPET_PAGES = (
 
 def page_script(page: Path) -> str:
     """The page's runnable Python blocks, in order, as one script."""
-    return "\n".join(block for block in python_blocks(page) if "path/to/" not in block)
+    return "\n".join(code for code, _ in page_snippets(page))
+
+
+#: Printed after each block of a page's script: splits its output block by block.
+BLOCK_END = "<<end of a docs block>>"
+#: An output block whose info line says this shows one machine's measurement: not compared.
+VARIES = "varies"
+
+
+def page_snippets(page: Path) -> list[tuple[str, list[str] | None]]:
+    """The page's runnable Python blocks, each with the ```text block right after it.
+
+    The output is None where no text block follows, or where its info line says the
+    output varies (a measurement of the machine the page was written on).
+    """
+    text = page.read_text(encoding="utf-8")
+    blocks = list(_FENCED.finditer(text))
+    found: list[tuple[str, list[str] | None]] = []
+    for index, block in enumerate(blocks):
+        if block["info"].strip() != "python" or "path/to/" in block["body"]:
+            continue
+        after = blocks[index + 1] if index + 1 < len(blocks) else None
+        shown = None
+        if (
+            after is not None
+            and after["info"].strip().startswith("text")
+            and not text[block.end() : after.start()].strip()
+            and VARIES not in after["info"]
+        ):
+            shown = [row.rstrip() for row in after["body"].rstrip().splitlines()]
+        found.append((block["body"], shown))
+    return found
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", SNIPPET_PAGES)
 def test_guide_snippets_run_as_written(page, tmp_path):
     # A new user copies these word for word: each page must run, in a fresh interpreter.
-    code = page_script(DOCS / page)
-    assert code.strip(), f"{page} has no Python blocks"
+    snippets = page_snippets(DOCS / page)
+    assert any(code.strip() for code, _ in snippets), f"{page} has no Python blocks"
     script = tmp_path / "snippet.py"
-    script.write_text(code, encoding="utf-8")
+    marker = f"\nprint({BLOCK_END!r}, flush=True)\n"
+    script.write_text(marker.join(code for code, _ in snippets) + marker, encoding="utf-8")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, str(script)],
@@ -480,6 +505,18 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()  # every page prints what it shows
+    # each output block shown after a Python block is what that block printed
+    outputs = done.stdout.split(BLOCK_END + "\n")
+    problems = []
+    for (code, shown), printed in zip(snippets, outputs, strict=False):
+        if shown is None:
+            continue
+        actual = [row.rstrip() for row in printed.strip("\n").splitlines()]
+        problem = output_mismatch(shown, actual)
+        if problem is not None:
+            first = code.strip().splitlines()[0]
+            problems.append(f"block {first!r}: {problem}\n" + "\n".join(actual))
+    assert not problems, f"{page}: " + "\n\n".join(problems)
 
 
 # -- commands shown with their output: the page cannot drift from what they print ---------
@@ -691,3 +728,16 @@ def test_the_readme_step_example_says_its_estimate():
     )
     total = torchfit.estimate("llama-3.1-8b", step).total
     assert f"# {total / 2**30:.1f} GiB at the peak" in readme
+
+
+def test_a_python_blocks_shown_output_is_the_text_block_right_after_it(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nprint(1)\n```\n\n```text\n1\n```\n\n"
+        "```python\nprint(2)\n```\n\nSome words.\n\n```text\n2\n```\n\n"
+        '```python\nprint(3)\n```\n```text title="output (varies)"\n3\n```\n\n'
+        "```python\nload('path/to/model')\n```\n",
+        encoding="utf-8",
+    )
+    shown = [("print(1)\n", ["1"]), ("print(2)\n", None), ("print(3)\n", None)]
+    assert page_snippets(page) == shown
