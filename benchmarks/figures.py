@@ -10,9 +10,13 @@
 * ``docs/img/memory_vs_batch.png`` (recipes page): device memory against batch size for
   the QLoRA recipe, ``torchfit plan llama-2-7b --gpu "RTX 4090" --train --dtype nf4
   --checkpointing --plot ...``, drawn by the same ``plot_plan`` the command uses.
+* ``docs/img/accuracy_published.png`` (benchmarks page): torchfit's error on every figure
+  of ``published_runs.toml`` it can express (``published.py``'s comparison), one row per
+  publication, the tuning and held-out sets apart, with the +-10% band.
 
-Every figure comes from analytic estimates: deterministic for a given torchfit and
-matplotlib. Run: python benchmarks/figures.py [--out docs/img]
+Every figure comes from torchfit's estimates (analytic, or a trace where the comparison
+traces): deterministic for a given torchfit and matplotlib.
+Run: python benchmarks/figures.py [--out docs/img] [--only NAME]
 """
 
 from __future__ import annotations
@@ -120,12 +124,63 @@ def memory_vs_batch(path: Path) -> None:
     plot_plan("llama-2-7b", plan, str(path))
 
 
+def accuracy_published(path: Path) -> None:
+    import published  # noqa: PLC0415 - benchmarks/ is on the path when run as a script
+    import published_data  # noqa: PLC0415
+
+    data = published_data.load()
+    cases = [(case, False) for case in data.cases] + [(case, True) for case in data.heldout]
+    rows = [published.compare(case, heldout=heldout) for case, heldout in cases]
+    rows = [r for r in rows if r.error is not None and not r.case.ambiguous]
+    sources = sorted({published.source_of(r.case) for r in rows}, reverse=True)
+    figure, axes = plt.subplots(figsize=(9, 0.45 * len(sources) + 1.8))
+    axes.axvspan(-10, 10, color="#55a868", alpha=0.12, linewidth=0, label="within 10%")
+    axes.axvline(0, color="#333333", linewidth=0.8)
+    for heldout, marker, label in ((False, "o", "tuning set"), (True, "D", "held out")):
+        chosen = [r for r in rows if r.heldout is heldout]
+        axes.scatter(
+            [100 * (r.error or 0.0) for r in chosen],
+            [sources.index(published.source_of(r.case)) for r in chosen],
+            marker=marker,
+            facecolors="#4c72b0" if not heldout else "none",
+            edgecolors="#4c72b0",
+            alpha=0.8,
+            label=f"{label} ({len(chosen)})",
+            zorder=3,
+        )
+    axes.set_yticks(range(len(sources)), sources, fontsize=8)
+    errors = [100 * (r.error or 0.0) for r in rows]
+    reach = max(15.0, *(abs(e) + 2 for e in errors))
+    axes.set_xlim(-reach, reach)
+    axes.set_xlabel("torchfit's estimate against the published figure, % (under: left)")
+    axes.set_title(
+        f"GPU memory others measured and published: {len(rows)} figures, "
+        f"{len(sources)} publications",
+        fontsize=11,
+    )
+    axes.legend(fontsize=8, loc="lower right")
+    axes.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(figure)
+
+
+FIGURES = {
+    "memory_breakdown": breakdown,
+    "memory_vs_batch": memory_vs_batch,
+    "accuracy_published": accuracy_published,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent.parent / "docs/img")
+    parser.add_argument("--only", choices=sorted(FIGURES), help="draw this figure alone")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, draw in (("memory_breakdown", breakdown), ("memory_vs_batch", memory_vs_batch)):
+    for name, draw in FIGURES.items():
+        if args.only and name != args.only:
+            continue
         path = args.out / f"{name}.png"
         draw(path)
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")
