@@ -438,6 +438,7 @@ def test_nav_parser(tmp_path):
 #: Blocks that load a real checkpoint ("path/to/...") are illustrations and left out.
 SNIPPET_PAGES = (
     "recipes.md",
+    "memory.md",
     "getting-started.md",
     "loaders.md",
     "precision.md",
