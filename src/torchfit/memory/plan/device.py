@@ -22,6 +22,7 @@ __all__ = [
     "NOT_MODELLED",
     "device_estimate",
     "holds",
+    "on_card",
     "outgrows",
     "step_estimate",
     "workspace_note",
@@ -52,17 +53,21 @@ def holds(model: Any, settings: Settings, card: GPU) -> bool:
     replay, and one whose reserved bytes fit is taken after a single replay, before the
     search for its OOM line: what makes a search for the largest batch or sequence quick.
     """
-    if outgrows(model, settings, card):
-        return False
     single = step_estimate(model, settings)
+    if single.total > card.total:
+        return False
     if to_device(single, gpu=card, oom_line=False, **settings.device()).device_total <= card.total:
         return True  # device_needed <= device_total
-    return device_estimate(model, settings, card).device_needed <= card.total
+    return on_card(single, settings, card).device_needed <= card.total
 
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
     """The device estimate a plan judges: ``settings`` estimated, per rank, on ``card``."""
-    single = step_estimate(model, settings)
+    return on_card(step_estimate(model, settings), settings, card)
+
+
+def on_card(single: MemoryEstimate, settings: Settings, card: GPU) -> MemoryEstimate:
+    """`step_estimate`'s ``single`` with the card's view: reserved, context, OOM line."""
     placed = to_device(single, gpu=card, **settings.device())
     # the workspace's note goes before the device notes (cuBLAS's first), after the step's own
     kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0
