@@ -123,7 +123,12 @@ def estimate_transformer(
         optimizer=opt,
         training=training,
         num_tensors=spec.num_tensors if trainable == spec.num_params else 0,
-        shapes=parameter_shapes(spec) if trainable == spec.num_params else None,
+        # Adafactor's factored state alone reads the shapes (checked item by item)
+        shapes=(
+            parameter_shapes(spec)
+            if trainable == spec.num_params and opt.base is OptimizerName.ADAFACTOR
+            else None
+        ),
         # bitsandbytes' 4/8-bit matmuls dequantize inside their own autograd function and
         # save the quantized weight, so autocast keeps 16-bit copies of the adapters only,
         # and of an fp32 head (prepare_model_for_kbit_training's)
