@@ -8,8 +8,8 @@ from typing import Any
 
 from torchfit._core import checks
 from torchfit.memory.gpus import GPU, gpu
-from torchfit.memory.plan import plan_card
 from torchfit.memory.plan.device import device_estimate
+from torchfit.memory.plan.verdict import card_fit
 from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
 from torchfit.speed.result import StepTime
@@ -220,14 +220,13 @@ def compare_gpus(
     rows = []
     for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
         chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
-        plan = plan_card(model, card, chosen_step)
-        largest = plan.largest_batch
+        settings, current, largest = card_fit(model, card, chosen_step)
         chosen = largest if largest_wanted else chosen_step.batch_size
         peak = 0
         if chosen == chosen_step.batch_size:
-            peak = plan.estimate.device_needed
+            peak = current.device_needed
         elif chosen:
-            at = plan.settings.replace(batch_size=chosen)
+            at = settings.replace(batch_size=chosen)
             peak = device_estimate(model, at, card).device_needed
         fits = 1 <= chosen <= largest
         timed = None

@@ -363,3 +363,15 @@ def test_the_advice_skips_replays_of_steps_too_big_for_the_card_and_says_the_sam
     assert [a.to_dict() for a in quick.advice] == [a.to_dict() for a in slow.advice]
     assert any("GPUs" in a.knob for a in quick.advice)  # the sharding search ran
     assert quick_count < len(full_estimates), (quick_count, len(full_estimates))
+
+
+@pytest.mark.parametrize(("model", "card"), [("gpt2", "RTX 3060"), ("resnet18", "GTX 1060 6GB")])
+def test_card_fit_is_the_plans_estimate_and_largest_batch(model, card):
+    from torchfit.memory.plan.verdict import card_fit
+    from torchfit.memory.step import Step
+
+    plan = plan_card(model, card, Step(batch_size=2))
+    settings, estimate, largest = card_fit(model, plan.gpu, plan.step)
+    assert settings == plan.settings
+    assert estimate.device_needed == plan.estimate.device_needed
+    assert largest == plan.largest_batch

@@ -33,7 +33,7 @@ from torchfit.memory.sharding import parse_strategy
 from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
 
-__all__ = ["Plan", "plan_card"]
+__all__ = ["Plan", "card_fit", "plan_card"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +175,29 @@ class Plan:
         return "\n".join(lines)
 
 
+def _searched(model: Any, settings: Settings, card: GPU) -> tuple[Settings, MemoryEstimate, int]:
+    """The settings (a sequence set where none was given), estimate and largest batch.
+
+    The estimate is the settings' step on ``card``; the largest batch, the largest that
+    fits it.
+    """
+    if settings.step.seq_len is None and settings.step.input_shape is None:
+        settings = default_seq_len(model, settings)
+    current = _device_estimate(model, settings, card)
+    largest = largest_fitting(lambda b: holds(model, settings.replace(batch_size=b), card), 1 << 20)
+    return settings, current, largest
+
+
+def card_fit(model: Any, card: GPU, step: Step) -> tuple[Settings, MemoryEstimate, int]:
+    """A one-card plan's settings, device estimate and largest batch, as `plan_card`.
+
+    Without the plan's longest sequence and advice: what a comparison of cards reads.
+    ``step`` is already the card's (`card_step`).
+    """
+    name = model if isinstance(model, str) else type(model).__name__
+    return _searched(model, Settings(model=name, step=step), card)
+
+
 def _optimizer_name(optimizer: Any) -> str:
     """An optimizer as the report names it: its torchfit name, or a factory's name."""
     if callable(optimizer) and not isinstance(optimizer, str):
@@ -272,18 +295,11 @@ def plan_card(
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=given_context(context_bytes),
     )
-    if settings.step.seq_len is None and settings.step.input_shape is None:
-        settings = default_seq_len(model, settings)
-    current = _device_estimate(model, settings, card)
-
-    def fits_with(**changes: Any) -> bool:
-        return holds(model, settings.replace(**changes), card)
-
-    largest = largest_fitting(lambda b: fits_with(batch_size=b), 1 << 20)
+    settings, current, largest = _searched(model, settings, card)
     longest = None
     if settings.step.seq_len is not None:
         longest = largest_fitting(
-            lambda s: fits_with(batch_size=1, seq_len=s),
+            lambda s: holds(model, settings.replace(batch_size=1, seq_len=s), card),
             max_positions(model, settings),
         )
     advice = advise(
