@@ -187,13 +187,14 @@ def test_the_replayed_schedule_lands_near_the_measured_reserved_peak(
     assert on_card.total <= on_card.oom_line <= on_card.reserved
 
 
+def _llama_1b_on_cuda(layers=None, **words):
+    """A CUDA estimate of Llama-3.2-1B's shape (``layers`` of them when given)."""
+    config = LLAMA_1B if layers is None else {**LLAMA_1B, "num_hidden_layers": layers}
+    return estimate(transformers.LlamaConfig(**config), device="cuda", **words)
+
+
 def test_an_estimate_changed_after_the_closed_form_falls_back_to_the_approximation():
-    found = estimate(
-        transformers.LlamaConfig(**{**LLAMA_1B, "num_hidden_layers": 2}),
-        device="cuda",
-        batch_size=2,
-        seq_len=256,
-    )
+    found = _llama_1b_on_cuda(2, batch_size=2, seq_len=256)
     replayed = to_device(found, gpu="H200", context_bytes=0)
     assert replayed.oom_line is not None
     assert any("synthetic schedule" in note for note in replayed.notes)
@@ -209,9 +210,7 @@ def test_the_oom_line_separates_the_batches_a_capped_h200_ran_from_those_it_refu
     cap, largest = record["cap_bytes"], record["largest_batch"]
 
     def line(batch):
-        found = estimate(
-            transformers.LlamaConfig(**LLAMA_1B),
-            device="cuda",
+        found = _llama_1b_on_cuda(
             batch_size=batch,
             seq_len=record["seq"],
             precision="bf16-true",
@@ -223,13 +222,8 @@ def test_the_oom_line_separates_the_batches_a_capped_h200_ran_from_those_it_refu
 
 
 def test_without_the_search_the_device_need_is_the_device_total_and_never_below():
-    found = estimate(
-        transformers.LlamaConfig(**{**LLAMA_1B, "num_hidden_layers": 2}),
-        device="cuda",
-        batch_size=2,
-        seq_len=512,
-        precision="bf16-true",
-        gradient_checkpointing=True,
+    found = _llama_1b_on_cuda(
+        2, batch_size=2, seq_len=512, precision="bf16-true", gradient_checkpointing=True
     )
     searched = to_device(found, gpu="H200", context_bytes=0)
     quick = to_device(found, gpu="H200", context_bytes=0, oom_line=False)

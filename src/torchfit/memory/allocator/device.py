@@ -344,20 +344,17 @@ def _outline_reserved(
     # is added as whole 2 MiB pages.
     missing = max(total - stats.peak_allocated, 0)
     reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
+    note = (
+        f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
+        f"events after a warm-up of {len(warm)}) replayed through the allocator model"
+    )
     if not search:
-        notes.append(
-            f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
-            f"events after a warm-up of {len(warm)}) replayed through the allocator model"
-        )
+        notes.append(note)
         return max(reserved, total), None
     line = smallest_capacity(
         schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
     ) + (reserved - stats.peak_reserved)
-    notes.append(
-        f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
-        f"events after a warm-up of {len(warm)}) replayed through the allocator model; it "
-        f"runs out of memory below {format_bytes(line)} reserved"
-    )
+    notes.append(f"{note}; it runs out of memory below {format_bytes(line)} reserved")
     return max(reserved, total), line
 
 
