@@ -9,7 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchfit.memory import estimate
 from torchfit.memory.allocator import replay, smallest_capacity, step_schedule, to_device
@@ -112,6 +115,49 @@ def test_the_oom_line_is_below_the_peak_when_cached_blocks_can_be_released():
     steps = [("a", 30 * MiB), ("a",), ("b", 40 * MiB)]
     assert replay(steps).peak_reserved == 70 * MiB
     assert smallest_capacity(steps) == 40 * MiB
+
+
+def _fits(events, pages):
+    try:
+        replay(events, capacity=pages * 2 * MiB)
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(9, 26), st.integers(1, 7)), min_size=1, max_size=60
+    )
+)
+def test_the_oom_line_is_where_every_larger_capacity_fits(ops):
+    # drawn allocations (512 B to 64 MiB) and frees of a drawn live one: the walk down
+    # from the peak (each fitting run vouches for every capacity down to its own peak)
+    # finds what trying every capacity from the peak down finds
+    events, live = [], []
+    for index, (pick, power, eighths) in enumerate(ops):
+        if pick == 0 and live:
+            events.append((live.pop(index % len(live)),))
+        else:
+            events.append((index, (2**power * eighths) // 8 or 1))
+            live.append(index)
+    stats = replay(events)
+    pages = -(-stats.peak_reserved // (2 * MiB))
+    while pages > 1 and _fits(events, pages - 1):
+        pages -= 1
+    assert smallest_capacity(events) == smallest_capacity(events, lower=stats.peak_allocated)
+    assert smallest_capacity(events, lower=stats.peak_allocated) == pages * 2 * MiB
+
+
+def test_a_step_can_fit_below_a_capacity_where_it_runs_out():
+    # a drawn trace: 18-26 MiB fit (running out early empties the cache of the freed
+    # 11.5, 6.5 and 15 MiB blocks' segments), 28 MiB does not (the cache stays and the
+    # last 5.5 MiB finds no room), 30 MiB does: the line is the top band's 30 MiB
+    sizes = [11.5, None, 6.5, None, 15, None, 4.5, 2.5, 0.5, 5.5]
+    steps = [(i - 1,) if mib is None else (i, int(mib * MiB)) for i, mib in enumerate(sizes)]
+    assert [pages * 2 for pages in range(1, 16) if _fits(steps, pages)] == [18, 20, 22, 24, 26, 30]
+    assert smallest_capacity(steps) == 30 * MiB
 
 
 def test_a_bad_outline_says_which_field():

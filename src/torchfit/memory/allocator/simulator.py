@@ -158,18 +158,30 @@ def replay(
         >>> replay(step, warmup=warm).peak_reserved // MiB, replay(step).peak_reserved // MiB
         (60, 44)
     """
-    run = _Run(
-        CachingAllocator(
-            capacity=capacity,
-            max_split_size=max_split_size,
-            roundup_power2_divisions=roundup_power2_divisions,
-        )
-    )
+    return _replayed(
+        events,
+        warmup,
+        capacity=capacity,
+        max_split_size=max_split_size,
+        roundup_power2_divisions=roundup_power2_divisions,
+    )[0]
+
+
+def _replayed(
+    events: Iterable[Event | Sequence[object]],
+    warmup: Iterable[Event | Sequence[object]] | None,
+    **options: int | None,
+) -> tuple[AllocatorStats, int]:
+    """`replay`'s stats, and the peak reserved over the warm-up and the events together."""
+    run = _Run(CachingAllocator(**options))  # type: ignore[arg-type]
+    warm_peak = 0
     if warmup is not None:
         run.feed(warmup, "warmup")
+        warm_peak = run.allocator.stats().peak_reserved
         run.end_warmup()
     run.feed(events, "events")
-    return run.allocator.stats()
+    stats = run.allocator.stats()
+    return stats, max(warm_peak, stats.peak_reserved)
 
 
 def smallest_capacity(
@@ -179,13 +191,22 @@ def smallest_capacity(
     upper: int | None = None,
     lower: int = 0,
 ) -> int:
-    """The smallest allocator capacity (2 MiB steps) in which ``events`` replay without OOM.
+    """The OOM line: the smallest capacity (2 MiB steps) a step fits in, searched from the top.
 
     Below the peak reserved of an unlimited replay a step can still fit: when
     ``cudaMalloc`` fails the allocator releases its cached free segments and retries.
-    This bisects over the capacity with `replay`'s ``capacity``, between ``lower`` (a
-    bound known not to fit or less, e.g. the peak allocated bytes) and ``upper`` (the
-    unlimited replay's peak reserved; replayed when not given).
+    Fitting is not quite monotone in the capacity: one that forces an early release can
+    leave a better layout than a larger one that does not, so a step may fit in an island
+    below a band where it runs out. The line is where the band that reaches the unlimited
+    peak starts, as found from the top (a user who leaves that much is clear of the band):
+    the search goes down from the peak by 1, 2, 4... pages until a replay runs out, then
+    bisects above that (on a monotone trace: the smallest capacity that fits). A replay
+    that fits in capacity ``C`` with a peak of ``R`` reserved (over its warm-up too) fits
+    in every capacity from ``R`` to ``C`` (each ``cudaMalloc`` it made succeeds there, each
+    one refused is refused again: it is the same run), so the search goes on from ``R``.
+
+    ``upper`` is the unlimited replay's peak reserved (replayed when not given);
+    ``lower``, bytes known not to fit or less (the peak allocated), bounds the search.
 
     Example:
         >>> MiB = 2**20
@@ -193,15 +214,30 @@ def smallest_capacity(
         >>> replay(steps).peak_reserved // MiB, smallest_capacity(steps) // MiB
         (70, 40)
     """
-    top = upper if upper is not None else replay(events, warmup=warmup).peak_reserved
-    high = -(-top // K_ROUND_LARGE)  # in 2 MiB pages; high always fits, low never does
-    low = min(max(lower // K_ROUND_LARGE - 1, 0), high - 1)
-    while high - low > 1:
-        mid = (low + high) // 2
+
+    def fits_down_to(pages: int) -> int | None:
+        """The page count its replay in ``pages`` vouches for, or None if it runs out."""
         try:
-            replay(events, warmup=warmup, capacity=mid * K_ROUND_LARGE)
+            _, peak = _replayed(events, warmup, capacity=pages * K_ROUND_LARGE)
         except torch.OutOfMemoryError:
-            low = mid
+            return None
+        return -(-peak // K_ROUND_LARGE)
+
+    top = upper if upper is not None else _replayed(events, warmup)[1]
+    good = -(-top // K_ROUND_LARGE)  # in 2 MiB pages: fits (the unlimited run itself)
+    bad = max(-(-lower // K_ROUND_LARGE) - 1, 0)  # holds less than lower: never fits
+    stride = 1
+    while good - stride > bad:  # down from the top until a replay runs out
+        vouched = fits_down_to(good - stride)
+        if vouched is None:
+            bad = good - stride
+            break
+        good, stride = vouched, 2 * stride
+    while good - bad > 1:
+        middle = (good + bad) // 2
+        vouched = fits_down_to(middle)
+        if vouched is None:
+            bad = middle
         else:
-            high = mid
-    return high * K_ROUND_LARGE
+            good = vouched
+    return good * K_ROUND_LARGE
