@@ -46,3 +46,27 @@ def test_gallop_brackets_the_boundary_or_passes_the_limit(boundary, limit):
     assert good <= boundary
     assert bad > boundary or bad > limit
     assert bad == 2 * good
+
+
+@given(boundary=st.integers(-1, 3000), upper=st.integers(0, 3000), guess=st.integers(-5, 3005))
+def test_a_guess_changes_the_calls_not_the_answer(boundary, upper, guess):
+    calls = []
+
+    def fits(n):
+        calls.append(n)
+        return n <= boundary
+
+    found = largest_fitting(fits, upper, guess=guess)
+    assert found == largest_fitting(lambda n: n <= boundary, upper)
+    assert all(1 <= n <= upper for n in calls)  # never 0, never above upper
+    miss = abs(min(max(guess, 1), upper) - found) + 1 if upper >= 1 else 1
+    assert len(calls) <= 2 * miss.bit_length() + 2
+
+
+@given(boundary=st.integers(1, 10**6))
+def test_the_right_guess_costs_two_calls(boundary):
+    calls = []
+    assert largest_fitting(lambda n: calls.append(n) or n <= boundary, 10**7, guess=boundary) == (
+        boundary
+    )
+    assert calls == [boundary, boundary + 1]

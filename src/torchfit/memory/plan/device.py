@@ -8,6 +8,8 @@ on what its workspace bytes are and what a training plan cannot see.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from torchfit._core.units import format_bytes
@@ -21,7 +23,9 @@ from torchfit.memory.result import MemoryEstimate
 __all__ = [
     "NOT_MODELLED",
     "device_estimate",
+    "allocated_budget",
     "holds",
+    "line_guess",
     "on_card",
     "outgrows",
     "step_estimate",
@@ -59,6 +63,44 @@ def holds(model: Any, settings: Settings, card: GPU) -> bool:
     if to_device(single, gpu=card, oom_line=False, **settings.device()).device_total <= card.total:
         return True  # device_needed <= device_total
     return on_card(single, settings, card).device_needed <= card.total
+
+
+def allocated_budget(card: GPU, allocated: int, placed: MemoryEstimate) -> int:
+    """The allocated bytes ``card`` holds if the device view keeps the ratio it has here.
+
+    ``placed`` is `on_card` of a step whose allocated bytes are ``allocated``: its OOM line
+    (what the allocator reserves beyond them, cuBLAS's workspace) is taken to grow with
+    them; its CUDA context stays. A budget for `line_guess`.
+
+    Example:
+        >>> placed = MemoryEstimate(activations=1100, context=200)  # reserves 10% more
+        >>> allocated_budget(GPU(name="x", memory=2**20), 1000, placed)
+        953069
+    """
+    held = max(placed.device_needed - placed.context, 1)
+    return (card.total - placed.context) * allocated // held
+
+
+def line_guess(total_at: Callable[[int], int], first: int, budget: int, upper: int) -> int | None:
+    """Where a line through the allocated bytes at two sizes meets ``budget`` (in [1, upper]).
+
+    The sizes are ``first`` and twice it (half when ``first`` is ``upper``); ``total_at``
+    gives a size's allocated bytes (`step_estimate`'s ``total``: no replay). A guess for
+    `largest_fitting`, which checks it with the card's view: None when no line rises.
+
+    Example:
+        >>> line_guess(lambda b: 1000 + 10 * b, 8, budget=2000, upper=1 << 20)
+        100
+    """
+    first = min(max(first, 1), upper)
+    second = 2 * first if 2 * first <= upper else first // 2
+    if second < 1 or second == first:
+        return None
+    start, other = total_at(first), total_at(second)
+    slope = (other - start) / (second - first)
+    if slope <= 0:
+        return None
+    return min(max(first + math.floor((budget - start) / slope), 1), upper)
 
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:

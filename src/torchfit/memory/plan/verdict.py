@@ -24,8 +24,15 @@ from torchfit.memory.allocator.context import (
 from torchfit.memory.gpus import GPU
 from torchfit.memory.gpus.budget import resolve_budget
 from torchfit.memory.plan.advice import Advice, advise
+from torchfit.memory.plan.device import (
+    allocated_budget,
+    holds,
+    line_guess,
+    on_card,
+    outgrows,
+    step_estimate,
+)
 from torchfit.memory.plan.device import device_estimate as _device_estimate
-from torchfit.memory.plan.device import holds, outgrows
 from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
 from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
@@ -179,13 +186,35 @@ def _searched(model: Any, settings: Settings, card: GPU) -> tuple[Settings, Memo
     """The settings (a sequence set where none was given), estimate and largest batch.
 
     The estimate is the settings' step on ``card``; the largest batch, the largest that
-    fits it.
+    fits it, searched from where the allocated bytes' line meets `allocated_budget`.
     """
     if settings.step.seq_len is None and settings.step.input_shape is None:
         settings = default_seq_len(model, settings)
-    current = _device_estimate(model, settings, card)
-    largest = largest_fitting(lambda b: holds(model, settings.replace(batch_size=b), card), 1 << 20)
+    single = step_estimate(model, settings)
+    current = on_card(single, settings, card)
+    guess = line_guess(
+        lambda b: step_estimate(model, settings.replace(batch_size=b)).total,
+        settings.step.batch_size,
+        allocated_budget(card, single.total, current),
+        1 << 20,
+    )
+    largest = largest_fitting(
+        lambda b: holds(model, settings.replace(batch_size=b), card), 1 << 20, guess=guess
+    )
     return settings, current, largest
+
+
+def _longest(model: Any, settings: Settings, card: GPU, current: MemoryEstimate) -> int:
+    """The longest sequence at batch 1 that fits ``card``, searched from a line's guess."""
+    upper = max_positions(model, settings)
+    one = settings.replace(batch_size=1)
+    guess = line_guess(
+        lambda s: step_estimate(model, one.replace(seq_len=s)).total,
+        settings.step.seq_len or 1,
+        allocated_budget(card, current.total, current),
+        upper,
+    )
+    return largest_fitting(lambda s: holds(model, one.replace(seq_len=s), card), upper, guess=guess)
 
 
 def card_fit(model: Any, card: GPU, step: Step) -> tuple[Settings, MemoryEstimate, int]:
@@ -298,10 +327,7 @@ def plan_card(
     settings, current, largest = _searched(model, settings, card)
     longest = None
     if settings.step.seq_len is not None:
-        longest = largest_fitting(
-            lambda s: holds(model, settings.replace(batch_size=1, seq_len=s), card),
-            max_positions(model, settings),
-        )
+        longest = _longest(model, settings, card, current)
     advice = advise(
         lambda changes: _device_estimate(model, settings.replace(**changes), card),
         settings=settings,
