@@ -56,16 +56,19 @@ def inference_estimate(
         notes.append("inference returns the KV cache of every layer")
     transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
     logits = math.ceil(tokens * spec.vocab * e)
-    # Alive through the whole forward: the additive 4D mask eager attention builds
+    # Alive through the decoder's blocks: the additive 4D mask eager attention builds
     # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.
     mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
     rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
     hidden = math.ceil(tokens * spec.hidden * e)
+    # The mask and the tables are the decoder's locals: gone when the head makes the logits.
+    in_blocks = mask + rope
+    at_head = logits + hidden > transient + in_blocks
     found = MemoryEstimate(
         weights=weights,
-        activations=max(transient, logits + hidden) + dequantized,
+        activations=(logits + hidden if at_head else transient) + dequantized,
         kv_cache=kv,
-        overhead=math.ceil(tokens * INT64 + mask + rope),
+        overhead=math.ceil(tokens * INT64 + (0 if at_head else in_blocks)),
         device=settings.device,
         notes=tuple(notes),
         peak_at="forward",
