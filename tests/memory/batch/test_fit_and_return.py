@@ -3,10 +3,12 @@
 import pytest
 import torch
 from accelerate.utils import find_executable_batch_size
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchfit import memory
 from torchfit.memory import MemoryEstimate, find_batch_size, max_batch_size, simulate_gpu
-from torchfit.memory.batch.fit import fit_sizes
+from torchfit.memory.batch.fit import fit_sizes, solve_callable
 from torchfit.memory.batch.predict import Margin
 
 
@@ -84,6 +86,38 @@ def test_sizes_below_the_first_accepted_are_never_the_answer():
     assert totals == (1400, 1800)
     assert max_batch_size(predict, 2000, margin=0.0, batch_sizes=[1, 2, 4, 8]) == 8
     assert max_batch_size(predict, 1200, margin=0.0, batch_sizes=[1, 2, 4]) == 0
+
+
+@given(
+    fixed=st.integers(0, 10**6),
+    linear=st.integers(1, 10**4),
+    square=st.integers(0, 300),
+    step=st.integers(0, 5 * 10**5),
+    at=st.integers(2, 400),
+    usable=st.integers(10**4, 10**8),
+)
+def test_the_callable_answer_is_the_largest_size_within_the_budget(
+    fixed, linear, square, step, at, usable
+):
+    # monotone and not affine (a quadratic part, a jump at a drawn size): the refitted line
+    # and the search around it find what a scan finds, and ask no size twice
+    def bytes_at(b):
+        return fixed + linear * b + square * b * b + (step if b >= at else 0)
+
+    asked = []
+
+    def predict(b):
+        asked.append(b)
+        return MemoryEstimate(weights=fixed, activations=bytes_at(b) - fixed)
+
+    if bytes_at(1) > usable:
+        assert solve_callable(predict, usable, None)[0] == 0
+        return
+    expected = 1
+    while bytes_at(expected + 1) <= usable:
+        expected += 1
+    assert solve_callable(predict, usable, None)[0] == expected
+    assert len(asked) == len(set(asked))
 
 
 # -- the step's own return value (porting from accelerate) ----------------------------------

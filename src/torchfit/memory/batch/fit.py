@@ -2,8 +2,10 @@
 
 A callable ``batch_size -> MemoryEstimate`` (an estimator, a trace) is evaluated at the
 two smallest sizes the model accepts, the line through them is solved within the
-usable bytes, and the answer is checked with the callable itself; memory that is not
-affine falls back to a bisection over the callable. Every evaluation leaves the global
+usable bytes, and the answer is checked with the callable itself (the size and the next);
+memory that is not affine refits the line through the largest size within the budget and
+the smallest above it (regula falsi, up to three times), then searches out from the last
+guess and bisects. Each size is evaluated once, and every evaluation leaves the global
 RNGs as it found them (`evaluate`).
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchfit._core.bisection import gallop, last_true
+from torchfit._core.bisection import largest_fitting, last_true
 from torchfit._core.rng import kept_rng
 from torchfit.memory.result import MemoryEstimate
 
@@ -23,6 +25,8 @@ __all__ = ["Line", "evaluate", "fit_sizes", "solve_callable", "total"]
 
 # A batch above this means the prediction never reaches the budget (a bug in predict).
 _NEVER = 2**40
+# Refits of the line across the budget before the bracket search.
+_SECANTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +136,21 @@ def fit_sizes(predict: Callable[[int], MemoryEstimate]) -> tuple[tuple[int, int]
     return (t1, t2), Line(float(t1 - per_sample * b1), float(per_sample), (b1, b2))
 
 
+def _straddling(totals: dict[int, int], usable: int) -> list[tuple[int, int]]:
+    """The largest size within ``usable`` and the smallest above it (else the two largest)."""
+    within = [(b, t) for b, t in totals.items() if t <= usable]
+    above = [(b, t) for b, t in totals.items() if t > usable]
+    if within and above:
+        return [max(within), min(above)]
+    return sorted(totals.items())[-2:]
+
+
 def solve_callable(
     predict: Callable[[int], MemoryEstimate], usable: int, sizes: list[int] | None
 ) -> tuple[int, Line]:
     """The largest batch within ``usable`` bytes (of ``sizes`` if given), and the line."""
-    (first_total, _), line = fit_sizes(predict)
+    fitted, line = fit_sizes(predict)
+    first_total = fitted[0]
     first = line.fitted_from[0]
     if first_total > usable:
         return 0, line
@@ -152,15 +166,35 @@ def solve_callable(
             return sizes[-1], line
         index = last_true(lambda i: fits(sizes[i]), -1, len(sizes) - 1)
         return (sizes[index] if index >= 0 else 0), line
+    return _solve_line(predict, usable, fitted, line), line
+
+
+def _solve_line(
+    predict: Callable[[int], MemoryEstimate], usable: int, fitted: tuple[int, int], line: Line
+) -> int:
+    """The largest batch within ``usable`` from the fitted line, checked and refined."""
+    first = line.fitted_from[0]
     # A peak set by a batch-independent phase at small batches is flat there: no slope.
     guess = max(line.solve(usable), first) if line.per_sample > 0 else first + 1
-    if fits(guess):
-        if not fits(guess + 1):  # the line's answer, checked by the third and fourth call
-            return guess, line
-        good, bad = guess + 1, 2 * guess + 2
-    else:
-        good, bad = first, guess
-    good, bad = gallop(fits, good, bad, limit=_NEVER)  # not affine: widen, then bisect
-    if bad > _NEVER:
+    totals: dict[int, int] = dict(zip(line.fitted_from, fitted, strict=True))
+
+    def at(batch_size: int) -> int:
+        if batch_size not in totals:
+            totals[batch_size] = total(predict, batch_size)
+        return totals[batch_size]
+
+    for _ in range(_SECANTS):  # memory that is not affine: the line across the budget
+        if at(guess) <= usable < at(guess + 1):
+            return guess
+        (b1, t1), (b2, t2) = _straddling(totals, usable)
+        if t1 == t2:
+            break
+        refined = b1 + math.floor((usable - t1) * (b2 - b1) / (t2 - t1))
+        if refined == guess or refined < first:
+            break
+        guess = min(refined, _NEVER)
+    # then from the last guess out by 1, 2, 4... and bisection (n counts from `first`)
+    found = largest_fitting(lambda n: at(first - 1 + n) <= usable, _NEVER, guess=guess - first + 1)
+    if found == _NEVER:
         raise ValueError("the predicted memory never exceeds the budget; check predict")
-    return last_true(fits, good, bad), line
+    return first - 1 + found
