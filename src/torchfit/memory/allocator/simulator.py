@@ -170,10 +170,19 @@ def replay(
 def _replayed(
     events: Iterable[Event | Sequence[object]],
     warmup: Iterable[Event | Sequence[object]] | None,
-    **options: int | None,
+    *,
+    capacity: int | None = None,
+    max_split_size: int | None = None,
+    roundup_power2_divisions: int = 0,
 ) -> tuple[AllocatorStats, int]:
     """`replay`'s stats, and the peak reserved over the warm-up and the events together."""
-    run = _Run(CachingAllocator(**options))  # type: ignore[arg-type]
+    run = _Run(
+        CachingAllocator(
+            capacity=capacity,
+            max_split_size=max_split_size,
+            roundup_power2_divisions=roundup_power2_divisions,
+        )
+    )
     warm_peak = 0
     if warmup is not None:
         run.feed(warmup, "warmup")

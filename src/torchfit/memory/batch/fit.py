@@ -41,6 +41,18 @@ class Line:
     per_sample: float
     fitted_from: tuple[int, ...] = ()
 
+    @classmethod
+    def through(cls, first: tuple[int, int], second: tuple[int, int]) -> Line:
+        """The line through two ``(batch_size, bytes)`` points, fitted from their sizes.
+
+        Example:
+            >>> Line.through((2, 1200), (4, 1400))
+            Line(fixed=1000.0, per_sample=100.0, fitted_from=(2, 4))
+        """
+        (b1, t1), (b2, t2) = first, second
+        per_sample = (t2 - t1) / (b2 - b1)
+        return cls(float(t1 - per_sample * b1), float(per_sample), (b1, b2))
+
     def at(self, batch_size: int) -> float:
         """Predicted bytes at ``batch_size``."""
         return self.fixed + batch_size * self.per_sample
@@ -131,9 +143,8 @@ def fit_sizes(predict: Callable[[int], MemoryEstimate]) -> tuple[tuple[int, int]
             f"{list(_FIT_SIZES)}; a line needs two: check that predict runs the model at "
             "these sizes"
         ) from first_error
-    (b1, t1), (b2, t2) = accepted
-    per_sample = (t2 - t1) / (b2 - b1)
-    return (t1, t2), Line(float(t1 - per_sample * b1), float(per_sample), (b1, b2))
+    (_, t1), (_, t2) = accepted
+    return (t1, t2), Line.through(*accepted)
 
 
 def _straddling(totals: dict[int, int], usable: int) -> list[tuple[int, int]]:
@@ -186,10 +197,10 @@ def _solve_line(
     for _ in range(_SECANTS):  # memory that is not affine: the line across the budget
         if at(guess) <= usable < at(guess + 1):
             return guess
-        (b1, t1), (b2, t2) = _straddling(totals, usable)
-        if t1 == t2:
+        across = Line.through(*_straddling(totals, usable))
+        if across.per_sample <= 0:
             break
-        refined = b1 + math.floor((usable - t1) * (b2 - b1) / (t2 - t1))
+        refined = across.solve(usable)
         if refined == guess or refined < first:
             break
         guess = min(refined, _NEVER)

@@ -8,12 +8,12 @@ on what its workspace bytes are and what a training plan cannot see.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator import to_device
+from torchfit.memory.batch.fit import Line
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.plan.settings import Settings
@@ -96,11 +96,10 @@ def line_guess(total_at: Callable[[int], int], first: int, budget: int, upper: i
     second = 2 * first if 2 * first <= upper else first // 2
     if second < 1 or second == first:
         return None
-    start, other = total_at(first), total_at(second)
-    slope = (other - start) / (second - first)
-    if slope <= 0:
+    line = Line.through((first, total_at(first)), (second, total_at(second)))
+    if line.per_sample <= 0:
         return None
-    return min(max(first + math.floor((budget - start) / slope), 1), upper)
+    return min(max(line.solve(budget), 1), upper)
 
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:
