@@ -254,7 +254,8 @@ class WorkerMeasurement:
     Attributes:
         uss: Each worker's unique memory (USS, ``/proc/<pid>/smaps_rollup``) after the
             batches were read: its own pages and the pages it copied.
-        shm_peak: Peak ``/dev/shm`` use above its level before the first batch.
+        shm_peak: Peak of the ``/dev/shm`` files the loader's processes hold, above what
+            the main process held before the first batch.
         batches: Batches read.
     """
 
@@ -272,12 +273,42 @@ class WorkerMeasurement:
         return {**dataclasses.asdict(self), "uss": list(self.uss), "copies": self.copies}
 
 
-def _shm_used(path: Path = Path("/dev/shm")) -> int:  # noqa: S108 - read only
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return 0
-    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+def _shm_held(pids: list[int]) -> int:
+    """Bytes of the ``/dev/shm`` files these processes hold open or mapped, each file once.
+
+    A batch in flight is a deleted ``/dev/shm/torch_*`` file that its worker holds open
+    until the main process takes it, and the main process maps once taken; reading the
+    processes' own files (``/proc/<pid>/fd`` and ``/proc/<pid>/maps``) leaves out every
+    other process's shared memory, which the file system's level would count.
+    """
+    files: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        proc = Path("/proc", str(pid))
+        try:
+            maps = (proc / "maps").read_text(encoding="ascii", errors="replace")
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue  # the process ended
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(_SHM):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                key = (os.makedev(major, minor), int(fields[4]))
+                files[key] = max(files.get(key, 0), high - low)
+        for fd in fds:
+            try:
+                if not str(fd.readlink()).startswith(_SHM):
+                    continue
+                stat = fd.stat()
+            except OSError:
+                continue  # closed meanwhile
+            key = (stat.st_dev, stat.st_ino)
+            files[key] = max(files.get(key, 0), stat.st_size)
+    return sum(files.values())
+
+
+_SHM = "/dev/shm/"  # noqa: S108 - read only
 
 
 def _children(pid: int) -> list[int]:
@@ -300,7 +331,8 @@ def measure_workers(
     """Read ``batches`` batches (default: all but the last) and measure the workers.
 
     The workers' unique memory is read while they are alive, after the batches; the
-    ``/dev/shm`` level after each batch. ``hold_seconds`` sleeps after each batch, so the
+    ``/dev/shm`` files the main process and its workers hold after each batch (another
+    process's shared memory is not counted). ``hold_seconds`` sleeps after each batch, so the
     workers fill their prefetch queues as behind a slow training step. Linux only.
 
     Example:
@@ -313,7 +345,7 @@ def measure_workers(
     """
     before = set(_children(os.getpid()))
     count = batches if batches is not None else max(len(loader) - 1, 1)
-    start = _shm_used()
+    start = _shm_held([os.getpid()])
     peak = 0
     it = iter(loader)
     try:
@@ -321,7 +353,8 @@ def measure_workers(
             batch = next(it)  # held while "the step runs", as training holds it
             if hold_seconds:
                 time.sleep(hold_seconds)
-            peak = max(peak, _shm_used() - start)
+            ours = [pid for pid in _children(os.getpid()) if pid not in before]
+            peak = max(peak, _shm_held([os.getpid(), *ours]) - start)
             del batch
         workers = [pid for pid in _children(os.getpid()) if pid not in before]
         uss = tuple(private_bytes(pid)[0] for pid in workers)
