@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchfit._core.rng import kept_rng
-from torchfit.integrations.search import Samples, SearchPlan, check_options, run_search
+from torchfit.integrations.search import Samples, SearchPlan, check_search_options, run_search
 from torchfit.memory import MemoryEstimate, simulate_gpu
 from torchfit.memory.batch import Margin
 
@@ -73,13 +73,13 @@ def test_rngs_are_kept():
 )
 def test_options_are_checked_with_the_value_and_the_fix(options, error, message):
     with pytest.raises(error, match=message):
-        check_options("X", **{"budget": None, "margin": None, **options})
+        check_search_options("X", **{"budget": None, "margin": None, **options})
 
 
 def test_good_options_pass():
-    check_options("X", budget="8GiB", margin=Margin(0.2, reserve=1), batch_limit=64)
-    check_options("X", budget="RTX 4090", margin=0.1)
-    check_options("X", budget=simulate_gpu("1MiB"), margin=None)
+    check_search_options("X", budget="8GiB", margin=Margin(0.2, reserve=1), batch_limit=64)
+    check_search_options("X", budget="RTX 4090", margin=0.1)
+    check_search_options("X", budget=simulate_gpu("1MiB"), margin=None)
 
 
 def _plan(trace, steps):

@@ -21,10 +21,10 @@ from torchfit.host.loading import predict_load
 from torchfit.host.result import LoadMemory
 from torchfit.host.spec import LoadMethod, LoadSpec
 
-__all__ = ["load_memory", "meta_model"]
+__all__ = ["load_memory", "meta_module"]
 
 
-def meta_model(model: Any) -> nn.Module:
+def meta_module(model: Any) -> nn.Module:
     """The model on the meta device: a module as given, else built by `torchfit.memory`.
 
     ``model`` may be a catalog name, a Hub id, a transformers config or a folder holding
@@ -139,7 +139,7 @@ def load_memory(
         device_map=device_map,
     )
     # built in the config's dtype: what is stored; `dtype` is applied per tensor on load
-    built = meta_model(model)
+    built = meta_module(model)
     ckpt = _checkpoint_of(
         built,
         checkpoint,

@@ -27,7 +27,7 @@ from torchfit._core.imports import require
 from torchfit.integrations.search import (
     Samples,
     SearchPlan,
-    check_options,
+    check_search_options,
     move_to,
     run_search,
 )
@@ -188,7 +188,9 @@ class BatchSizeFinder(_Callback):  # type: ignore[misc]  # the base is Lightning
     ) -> None:
         """Check the options; the search runs when ``trainer.fit`` starts."""
         super().__init__()
-        check_options("BatchSizeFinder", budget=budget, margin=margin, batch_limit=batch_limit)
+        check_search_options(
+            "BatchSizeFinder", budget=budget, margin=margin, batch_limit=batch_limit
+        )
         if not isinstance(batch_arg_name, str) or not batch_arg_name.isidentifier():
             raise TypeError(
                 f"BatchSizeFinder(batch_arg_name={batch_arg_name!r}): expected the name of "

@@ -27,7 +27,7 @@ from torchfit.memory.batch import BatchSizeResult, Margin, SimulatedGPU
 __all__ = [
     "Samples",
     "SearchPlan",
-    "check_options",
+    "check_search_options",
     "move_to",
     "run_search",
 ]
@@ -37,7 +37,7 @@ __all__ = [
 SCAN = 1024
 
 
-def check_options(
+def check_search_options(
     owner: str,
     *,
     budget: Any,
@@ -47,7 +47,7 @@ def check_options(
     """Refuse a bad budget, margin or cap now, naming the value, what was expected and the fix.
 
     Example:
-        >>> check_options("BatchSizeFinder", budget="12 parsecs", margin=None)
+        >>> check_search_options("BatchSizeFinder", budget="12 parsecs", margin=None)
         Traceback (most recent call last):
         ...
         ValueError: BatchSizeFinder(budget='12 parsecs'): cannot read '12 parsecs' as a ...

@@ -25,7 +25,7 @@ from torchfit._core.imports import require
 from torchfit.integrations.search import (
     Samples,
     SearchPlan,
-    check_options,
+    check_search_options,
     move_to,
     run_search,
 )
@@ -110,7 +110,7 @@ def fit_batch_size(
             f"{type(trainer).__name__}. Build one with Trainer(model=..., args=..., "
             "train_dataset=...) and call fit_batch_size before trainer.train()"
         )
-    check_options("fit_batch_size", budget=budget, margin=margin)
+    check_search_options("fit_batch_size", budget=budget, margin=margin)
     if not isinstance(keep_effective_batch, bool):
         raise TypeError(
             f"fit_batch_size(keep_effective_batch={keep_effective_batch!r}): expected True or False"

@@ -21,7 +21,7 @@ __all__ = [
     "check_int",
     "check_loader",
     "check_loader_kwargs",
-    "check_options",
+    "check_loader_options",
     "kwargs_of",
     "time_steps",
 ]
@@ -65,7 +65,7 @@ def check_loader(loader: object) -> None:
         )
 
 
-def check_options(*, batch_size: object, shuffle: object, time_budget: object) -> None:
+def check_loader_options(*, batch_size: object, shuffle: object, time_budget: object) -> None:
     """Check the arguments every loader call takes: batch size, shuffle, time budget."""
     if batch_size is not None:
         check_int("batch_size", batch_size, low=1, fix="Use None only with a batch_sampler.")

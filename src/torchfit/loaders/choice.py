@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchfit.loaders.report import LoaderConfig, LoaderTrial, plural
 
-__all__ = ["PERSISTENT_SHARE", "TIE", "fastest_fewest", "persistence", "short"]
+__all__ = ["PERSISTENT_SHARE", "TIE", "fastest_fewest", "in_words", "persistence"]
 
 #: Among trials within 2% of the best, the fewest workers (then the smallest prefetch)
 #: wins: the same speed for less memory.
@@ -48,7 +48,7 @@ def persistence(startup_s: float, epoch_s: float) -> tuple[bool, str]:
     return keep, reason
 
 
-def short(cfg: LoaderConfig) -> str:
+def in_words(cfg: LoaderConfig) -> str:
     """A configuration in a few words, for the reasons a report gives."""
     if not cfg.num_workers:
         return "loading in the main process (0 workers)"

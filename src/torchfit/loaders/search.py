@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchfit.loaders.choice import TIE, fastest_fewest, persistence, short
+from torchfit.loaders.choice import TIE, fastest_fewest, in_words, persistence
 from torchfit.loaders.hazards import duplicated_across_workers, python_object_warnings, shm_message
 from torchfit.loaders.machine import shm_worker_limit
 from torchfit.loaders.probe import (
@@ -306,7 +306,7 @@ class _Search:
         cfg = pick.config
         self.reasons.insert(
             0,
-            f"{short(cfg)} measured {pick.samples_per_s:,.0f} samples/s; the best of "
+            f"{in_words(cfg)} measured {pick.samples_per_s:,.0f} samples/s; the best of "
             f"{len(self.trials)} trials was {top:,.0f} (fewest workers within "
             f"{1 - TIE:.0%} of the best wins)",
         )

@@ -18,7 +18,7 @@ from torchfit.loaders.args import (
     check_int,
     check_loader,
     check_loader_kwargs,
-    check_options,
+    check_loader_options,
     kwargs_of,
     time_steps,
 )
@@ -68,7 +68,7 @@ def _tune(
 ) -> tuple[DataLoader[Any], LoaderReport]:
     start = time.perf_counter()
     check_dataset(dataset)
-    check_options(batch_size=batch_size, shuffle=shuffle, time_budget=time_budget)
+    check_loader_options(batch_size=batch_size, shuffle=shuffle, time_budget=time_budget)
     if max_workers is not None:
         check_int("max_workers", max_workers, low=0, fix="Pass None to let torchfit decide.")
     check_loader_kwargs(dataloader_kwargs, batch_size=batch_size)

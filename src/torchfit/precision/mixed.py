@@ -276,7 +276,7 @@ class MixedPrecision:
         """
         opts: list[torch.optim.Optimizer] = _step.as_list(optimizers)
         scheds: list[torch.optim.lr_scheduler.LRScheduler] = _step.as_list(scheduler, "scheduler")
-        _step.check_options(optimizers, clip_grad_norm, flush, before_step)
+        _step.check_step_options(optimizers, clip_grad_norm, flush, before_step)
         window = self._window
         if not window.pending:
             raise RuntimeError(

@@ -23,7 +23,7 @@ __all__ = [
     "StepOutcome",
     "as_list",
     "boundary",
-    "check_options",
+    "check_step_options",
     "parse_check",
     "unscaled_grads",
 ]
@@ -101,7 +101,7 @@ _CLIP = checks.number(above=0, fix="clip_grad_norm=None does not clip")
 NO_SHARE = "a micro-batch with no share of the window needs no backward"
 
 
-def check_options(
+def check_step_options(
     optimizers: object, clip_grad_norm: object, flush: object, before_step: object
 ) -> None:
     """Refuse no optimizer, a bad clipping norm, a non-bool ``flush``, an uncallable hook.
@@ -111,10 +111,10 @@ def check_options(
     erases it: each is an error, not a step.
 
     Example:
-        >>> check_options([object()], float("nan"), False, None)  # doctest: +ELLIPSIS
+        >>> check_step_options([object()], float("nan"), False, None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ValueError: clip_grad_norm must be a finite number > 0; got nan; ...
-        >>> check_options(None, None, False, None)  # doctest: +ELLIPSIS
+        >>> check_step_options(None, None, False, None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ValueError: optimizers must be one optimizer or a list of them; got None; ...
     """

@@ -116,10 +116,10 @@ def test_the_command_line_refuses_contradictions_in_one_line(capsys):
 
 
 def test_a_training_plan_says_what_it_does_not_model():
-    from torchfit.memory.plan.device import NOT_MODELLED
+    from torchfit.memory.plan.device import PLAN_NOT_MODELLED
 
     trained = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64)
     served = torchfit.fits("gpt2", "RTX 3060", batch_size=1, seq_len=64, mode="inference")
-    assert NOT_MODELLED in trained.estimate.notes
-    assert "torch.compile" in NOT_MODELLED
-    assert NOT_MODELLED not in served.estimate.notes
+    assert PLAN_NOT_MODELLED in trained.estimate.notes
+    assert "torch.compile" in PLAN_NOT_MODELLED
+    assert PLAN_NOT_MODELLED not in served.estimate.notes

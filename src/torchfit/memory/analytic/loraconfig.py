@@ -22,7 +22,7 @@ tuners_utils.py's ``check_target_module_exists``):
   dequantized copy of every adapted weight, which is not modelled: refused there;
 - ``inference_mode=True`` freezes the adapters: refused for training.
 
-Refused, because the closed form has no such structure (`NOT_MODELLED`; trace the PEFT
+Refused, because the closed form has no such structure (`LORA_FIELDS_NOT_MODELLED`; trace the PEFT
 model instead): adapters on some layers only (``layers_to_transform``,
 ``layers_pattern``), ``layer_replication``, ``target_parameters``,
 ``trainable_token_indices`` and the LoRA variants with their own layers.
@@ -52,10 +52,10 @@ from torchfit.memory.analytic.lora import (
     role_shapes,
 )
 
-__all__ = ["NOT_MODELLED", "bias_parameters", "lora_from_peft", "lora_setup"]
+__all__ = ["LORA_FIELDS_NOT_MODELLED", "bias_parameters", "lora_from_peft", "lora_setup"]
 
 #: LoraConfig fields that give adapters a structure the closed form does not have.
-NOT_MODELLED = (
+LORA_FIELDS_NOT_MODELLED = (
     "layers_to_transform",
     "layers_pattern",
     "layer_replication",
@@ -208,7 +208,11 @@ def lora_from_peft(spec: TransformerSpec, config: Any) -> LoraSetup:
             "LoraConfig(inference_mode=True) freezes the adapters, so nothing would train; "
             "set inference_mode=False, or estimate with mode='inference'"
         )
-    asked = [name for name in NOT_MODELLED if getattr(config, name, None) not in (None, False)]
+    asked = [
+        name
+        for name in LORA_FIELDS_NOT_MODELLED
+        if getattr(config, name, None) not in (None, False)
+    ]
     if asked:
         raise ValueError(
             f"LoraConfig({', '.join(asked)}=...) gives the adapters a structure the closed "

@@ -16,7 +16,7 @@ from torchfit.memory.step import Step
 if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
 
-__all__ = ["Advice", "advise", "lora_parameters"]
+__all__ = ["Advice", "advise", "all_linear_lora_parameters"]
 
 _LORA_RANK = 16
 _SHARDS = (2, 4, 8, 16, 32, 64)
@@ -86,7 +86,7 @@ class _Baseline:
         return Advice(knob, needed, saves, needed <= self.budget, detail, dict(changes), step)
 
 
-def lora_parameters(settings: Settings, rank: int = _LORA_RANK) -> int | None:
+def all_linear_lora_parameters(settings: Settings, rank: int = _LORA_RANK) -> int | None:
     """LoRA adapter parameters on every block Linear: rank · (in + out) per layer."""
     from torchfit.memory.analytic.quantized import block_linear_shapes  # noqa: PLC0415
 
@@ -128,7 +128,7 @@ def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], s
         options.append((policy, {"param_dtype": compute}, how))
     if training and _optimizer(step) in {"adam", "adamw"}:
         options.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, "bitsandbytes.optim.AdamW8bit"))
-    lora = lora_parameters(settings) if step.seq_len is not None else None
+    lora = all_linear_lora_parameters(settings) if step.seq_len is not None else None
     if not training and not quantized and step.seq_len is not None:
         options.append(
             ("int8 weights", {"quantization": "int8"}, "torchfit.quantize.load_quantized(bits=8)")

@@ -21,7 +21,7 @@ from torchfit.memory.plan.sharded import per_rank
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = [
-    "NOT_MODELLED",
+    "PLAN_NOT_MODELLED",
     "device_estimate",
     "allocated_budget",
     "holds",
@@ -114,7 +114,7 @@ def on_card(single: MemoryEstimate, settings: Settings, card: GPU) -> MemoryEsti
     kept = len(single.notes) if placed.notes[: len(single.notes)] == single.notes else 0
     notes = (*placed.notes[:kept], *workspace_note(single, placed), *placed.notes[kept:])
     if settings.step.training:
-        notes = (*notes, NOT_MODELLED)
+        notes = (*notes, PLAN_NOT_MODELLED)
     return placed.replace(notes=notes)
 
 
@@ -154,7 +154,7 @@ def workspace_note(step: MemoryEstimate, placed: MemoryEstimate) -> tuple[str, .
 
 
 #: What a training plan cannot see in the step it plans (each changes the peak).
-NOT_MODELLED = (
+PLAN_NOT_MODELLED = (
     "not modelled: torch.compile (it fuses ops and frees differently), activations "
     "offloaded to the CPU, fused linear cross-entropy (Liger)"
 )

@@ -26,7 +26,7 @@ from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.knobs import ESTIMATE_RULES, check_step
 from torchfit.memory.step.fields import merge_fields
 from torchfit.memory.step.lightning import lightning_fields
-from torchfit.memory.step.plain import plain, short
+from torchfit.memory.step.plain import plain, short_repr
 from torchfit.memory.step.spellings import AUTO, read_spellings
 from torchfit.memory.step.training_arguments import training_arguments_fields
 
@@ -402,7 +402,7 @@ class Step:
 
     def __repr__(self) -> str:
         """``Step(...)`` with the fields that differ from the defaults."""
-        inner = ", ".join(f"{k}={short(v)}" for k, v in self.changed().items())
+        inner = ", ".join(f"{k}={short_repr(v)}" for k, v in self.changed().items())
         return f"Step({inner})"
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from torchfit._core.units import DType
 
-__all__ = ["plain", "short"]
+__all__ = ["plain", "short_repr"]
 
 #: The ``peft.LoraConfig`` fields a repr and ``to_dict`` show: those that decide memory.
 _LORA_FIELDS = ("r", "target_modules", "lora_dropout", "modules_to_save")
@@ -33,7 +33,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """A field's value for the repr: a ``peft.LoraConfig`` by what decides memory only."""
     if type(value).__name__ == "LoraConfig":
         inner = ", ".join(f"{name}={getattr(value, name, None)!r}" for name in _LORA_FIELDS)
