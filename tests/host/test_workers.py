@@ -21,7 +21,9 @@ class Records(Dataset):
     """Python objects per item, every field read by ``__getitem__`` (as real datasets do)."""
 
     def __init__(self, count, kind):
-        if kind == "paths":
+        if kind is None:  # no objects: a worker's own pages, the same batches made
+            self.items = range(count)
+        elif kind == "paths":
             self.items = [f"images/train/{i:09d}/frame.jpg" for i in range(count)]
         elif kind == "pairs":
             self.items = [(f"img/{i}.png", float(i)) for i in range(count)]
@@ -32,10 +34,22 @@ class Records(Dataset):
         return len(self.items)
 
     def __getitem__(self, index):
-        item = self.items[index]
-        fields = item.values() if isinstance(item, dict) else item
-        _ = list(fields) if not isinstance(item, str) else item
+        _read(self.items[index])
         return torch.zeros(4)
+
+    def __getitems__(self, indices):
+        """A batch at once (the DataLoader calls this when defined): the same objects read,
+        and a number per item, which collates into one tensor, in place of a tensor each."""
+        for index in indices:
+            _read(self.items[index])
+        return [0] * len(indices)
+
+
+def _read(item):
+    """Every field of an item read, which writes each object's reference count."""
+    if isinstance(item, dict):
+        return list(item.values())
+    return list(item) if isinstance(item, tuple) else item
 
 
 def _measure(loader, **kwargs):
@@ -51,7 +65,7 @@ def _measure(loader, **kwargs):
 
 def _base_uss(workers, length, batch_size):
     """Each worker's own pages in this process: a loader over a dataset with no objects."""
-    empty = TensorDataset(torch.zeros(length, 1))
+    empty = Records(length, None)
     return _measure(DataLoader(empty, batch_size=batch_size, num_workers=workers)).uss
 
 

@@ -274,28 +274,30 @@ class WorkerMeasurement:
 
 
 def _shm_held(pids: list[int]) -> int:
-    """Bytes of the ``/dev/shm`` files these processes hold open or mapped, each file once.
+    """Bytes of the ``/dev/shm`` files these processes hold, each file once.
 
     A batch in flight is a deleted ``/dev/shm/torch_*`` file that its worker holds open
-    until the main process takes it, and the main process maps once taken; reading the
-    processes' own files (``/proc/<pid>/fd`` and ``/proc/<pid>/maps``) leaves out every
-    other process's shared memory, which the file system's level would count.
+    until the main process (``pids[0]``) takes it and maps it: the open files of every
+    process and the mappings of the first are read (``/proc/<pid>/fd``, ``/proc/<pid>/maps``),
+    which leaves out every other process's shared memory, which the file system's level
+    would count.
     """
     files: dict[tuple[int, int], int] = {}
+    try:
+        maps = Path("/proc", str(pids[0]), "maps").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        maps = ""
+    for line in _lines_with(maps, _SHM):
+        fields = line.split(maxsplit=5)
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        major, minor = (int(x, 16) for x in fields[3].split(":"))
+        key = (os.makedev(major, minor), int(fields[4]))
+        files[key] = max(files.get(key, 0), high - low)
     for pid in pids:
-        proc = Path("/proc", str(pid))
         try:
-            maps = (proc / "maps").read_text(encoding="ascii", errors="replace")
-            fds = list((proc / "fd").iterdir())
+            fds = list(Path("/proc", str(pid), "fd").iterdir())
         except OSError:
             continue  # the process ended
-        for line in maps.splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(_SHM):
-                low, high = (int(x, 16) for x in fields[0].split("-"))
-                major, minor = (int(x, 16) for x in fields[3].split(":"))
-                key = (os.makedev(major, minor), int(fields[4]))
-                files[key] = max(files.get(key, 0), high - low)
         for fd in fds:
             try:
                 if not str(fd.readlink()).startswith(_SHM):
@@ -306,6 +308,17 @@ def _shm_held(pids: list[int]) -> int:
             key = (stat.st_dev, stat.st_ino)
             files[key] = max(files.get(key, 0), stat.st_size)
     return sum(files.values())
+
+
+def _lines_with(text: str, part: str) -> list[str]:
+    """The lines of ``text`` that contain ``part`` (without scanning every line)."""
+    found, at = [], text.find(part)
+    while at >= 0:
+        start, end = text.rfind("\n", 0, at) + 1, text.find("\n", at)
+        end = len(text) if end < 0 else end
+        found.append(text[start:end])
+        at = text.find(part, end)
+    return found
 
 
 _SHM = "/dev/shm/"  # noqa: S108 - read only
@@ -347,17 +360,16 @@ def measure_workers(
     count = batches if batches is not None else max(len(loader) - 1, 1)
     start = _shm_held([os.getpid()])
     peak = 0
-    it = iter(loader)
+    it = iter(loader)  # starts the workers
+    ours = [os.getpid(), *(pid for pid in _children(os.getpid()) if pid not in before)]
     try:
         for _ in range(count):
             batch = next(it)  # held while "the step runs", as training holds it
             if hold_seconds:
                 time.sleep(hold_seconds)
-            ours = [pid for pid in _children(os.getpid()) if pid not in before]
-            peak = max(peak, _shm_held([os.getpid(), *ours]) - start)
+            peak = max(peak, _shm_held(ours) - start)
             del batch
-        workers = [pid for pid in _children(os.getpid()) if pid not in before]
-        uss = tuple(private_bytes(pid)[0] for pid in workers)
+        uss = tuple(private_bytes(pid)[0] for pid in ours[1:])
     finally:
         close_iterator(it)
     return WorkerMeasurement(uss=uss, shm_peak=peak, batches=count)
