@@ -27,6 +27,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_check import CONFIGS
+from vision_import import load_torchvision
 
 from torchfit.memory import estimate, max_batch_size, to_device, trace
 
@@ -34,6 +35,7 @@ RUNS = Path(__file__).parent / "gpu_runs"
 GPU = "H200"
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")
+load_torchvision()  # before transformers probes it (the vision cases build its models)
 
 # The first H200 run (h200-a) named its models and precisions its own way.
 _A_CONFIGS = {"gpt2-eager": ("GPT2Config", {"attn_implementation": "eager"})}

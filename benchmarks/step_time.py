@@ -19,11 +19,9 @@ Vision cases build torchvision's models; without torchvision they are listed as 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,29 +30,14 @@ import transformers
 
 from torchfit.speed import step_time
 
+sys.path.insert(0, str(Path(__file__).parent))
+from vision_import import load_torchvision
+
 RUNS = Path(__file__).parent / "gpu_runs"
 PUBLISHED = Path(__file__).parent / "speed_published.json"
 GPU = "H200"
 transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore")
-
-
-def _load_torchvision() -> bool:
-    """Import torchvision for its model builders; a build whose C ops do not load still works.
-
-    A torchvision wheel built for a CUDA torch cannot load its custom ops on a CPU-only
-    torch; its fake-kernel registrations then fail at import. The models need none of it.
-    """
-    if importlib.util.find_spec("torchvision") is None:
-        return False
-    try:
-        import torchvision  # noqa: PLC0415
-    except RuntimeError:
-        for name in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("stub")
-        import torchvision  # noqa: F401, PLC0415
-    return True
 
 
 def _config(rec: dict[str, Any]) -> Any:
@@ -144,7 +127,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def h200_table() -> list[float]:
-    vision = _load_torchvision()
+    vision = load_torchvision()
     errors: list[float] = []
     print(
         "| case | real s | predicted s | error | other run s | error there |\n"
@@ -196,7 +179,7 @@ def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
 def published_table() -> list[float]:
     """Predict each published run on its card; print the error of each and the median."""
     data = json.loads(PUBLISHED.read_text())
-    vision = _load_torchvision()
+    vision = load_torchvision()
     errors: list[float] = []
     print("| run | card | published s | predicted s | error | source |\n|---|---|---|---|---|---|")
     for run in data["runs"]:

@@ -14,7 +14,7 @@ import dataclasses
 
 from torchfit._core import checks
 
-__all__ = ["SAVED", "StepOutline", "Transient"]
+__all__ = ["SAVED", "RecordedStep", "StepOutline", "Transient"]
 
 #: A tensor of a no-grad forward: its bytes, and for how many of the allocations after it
 #: it stays alive (then it is freed, before the next one).
@@ -150,3 +150,20 @@ class StepOutline:
     def weights(self) -> int:
         """Bytes of the weight tensors."""
         return sum(self.parameters)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedStep:
+    """A step's allocations and frees as a trace recorded them, its warm-up's before them.
+
+    What a traced estimate carries instead of a `StepOutline`: `to_device` replays these
+    exact events (``(key, nbytes)`` allocations, ``(key,)`` frees) through the
+    caching-allocator model rather than a schedule synthesized from sizes.
+
+    Attributes:
+        warmup: The warm-up step's events, from an empty allocator.
+        events: The measured step's events.
+    """
+
+    warmup: tuple[tuple[object, ...], ...]
+    events: tuple[tuple[object, ...], ...]

@@ -13,7 +13,7 @@ from typing import Any
 
 from torchfit._core import checks
 from torchfit._core.units import format_bytes
-from torchfit.memory.outline import StepOutline
+from torchfit.memory.outline import RecordedStep, StepOutline
 
 __all__ = ["CATEGORIES", "AffineEstimate", "LayerMemory", "MemoryEstimate"]
 
@@ -73,7 +73,8 @@ class MemoryEstimate:
         layers: Optional per-module rows (`LayerMemory`) explaining `activations`.
         peak_at: Where the peak happens (a module path or phase such as ``"backward"``).
         outline: The step's tensors in step order (`StepOutline`), when the estimator
-            knows them: `to_device` replays them through the caching-allocator model.
+            knows them, or the events a trace recorded (`RecordedStep`): `to_device`
+            replays them through the caching-allocator model.
         oom_line: The smallest allocator capacity the replayed step fits in (set by
             `to_device` from an outline; ``None`` when not replayed).
 
@@ -100,7 +101,9 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()
     layers: tuple[LayerMemory, ...] = ()
     peak_at: str = ""
-    outline: StepOutline | None = dataclasses.field(default=None, repr=False, compare=False)
+    outline: StepOutline | RecordedStep | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
     oom_line: int | None = None
 
     def __post_init__(self) -> None:

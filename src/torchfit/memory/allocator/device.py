@@ -46,6 +46,7 @@ from torchfit.memory.allocator.rules import (
 )
 from torchfit.memory.allocator.schedule import step_schedule
 from torchfit.memory.allocator.simulator import replay, smallest_capacity
+from torchfit.memory.outline import RecordedStep
 from torchfit.memory.result import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -324,35 +325,42 @@ _OUTLINE_AGREEMENT = 0.10
 def _outline_reserved(
     estimate: MemoryEstimate, workspace: int, total: int, notes: list[str], *, search: bool
 ) -> tuple[int, int | None] | None:
-    """Reserved bytes and the OOM line (with ``search``) from the replayed `step_schedule`.
+    """Reserved bytes and the OOM line (with ``search``) from the estimate's outline replayed.
 
-    None when the outline does not describe this estimate's step (its weights differ,
+    A `RecordedStep` is replayed as it is, a `StepOutline` through `step_schedule`. None
+    when the outline does not describe this estimate's step (its weights differ,
     or its replayed allocated peak is more than `_OUTLINE_AGREEMENT` away from
     ``total``): an estimate rescaled or replaced after the closed form made it.
     """
     outline = estimate.outline
-    if outline is None or outline.weights != estimate.weights:
+    if isinstance(outline, RecordedStep):  # a trace's own events
+        warm, events = list(outline.warmup), list(outline.events)
+    elif outline is None or outline.weights != estimate.weights:
         return None
-    schedule = step_schedule(outline)
-    warm = list(schedule.warmup)
+    else:
+        schedule = step_schedule(outline)
+        warm, events = list(schedule.warmup), list(schedule.events)
     if workspace:
         warm.insert(0, (_WORKSPACE_KEY, workspace))
-    stats = replay(schedule.events, warmup=warm)
+    stats = replay(events, warmup=warm)
     if abs(stats.peak_allocated / total - 1) > _OUTLINE_AGREEMENT:
         return None
-    # What the closed form counts beyond the outline's tensors (small buffers, rounding)
-    # is added as whole 2 MiB pages.
+    # What the estimate counts beyond the replayed tensors (small buffers, rounding) is
+    # added as whole 2 MiB pages.
     missing = max(total - stats.peak_allocated, 0)
     reserved = stats.peak_reserved + -(-missing // K_ROUND_LARGE) * K_ROUND_LARGE
     note = (
-        f"reserved from a synthetic schedule of the step ({len(schedule.events)} allocator "
+        f"reserved replayed exactly from {len(events)} allocator events, after {len(warm)} "
+        f"of the warm-up step's (peak allocated {format_bytes(stats.peak_allocated)})"
+        if isinstance(outline, RecordedStep)
+        else f"reserved from a synthetic schedule of the step ({len(events)} allocator "
         f"events after a warm-up of {len(warm)}) replayed through the allocator model"
     )
     if not search:
         notes.append(note)
         return max(reserved, total), None
     line = smallest_capacity(
-        schedule.events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
+        events, warmup=warm, upper=stats.peak_reserved, lower=stats.peak_allocated
     ) + (reserved - stats.peak_reserved)
     notes.append(f"{note}; it runs out of memory below {format_bytes(line)} reserved")
     return max(reserved, total), line

@@ -41,6 +41,7 @@ from torchfit._core.step import (
     run_step,
 )
 from torchfit._core.tensors import check_materialized
+from torchfit.memory.outline import RecordedStep
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
 from torchfit.memory.step.run import run_keywords
@@ -51,7 +52,14 @@ from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode
 if TYPE_CHECKING:
     from torchfit.memory.gpus import GPU
 
-__all__ = ["TraceDevice", "cast_floating", "parse_trace_device", "trace", "trace_events"]
+__all__ = [
+    "TraceDevice",
+    "cast_floating",
+    "parse_trace_device",
+    "trace",
+    "trace_events",
+    "with_recorded_step",
+]
 
 
 class TraceDevice(enum.StrEnum):
@@ -362,11 +370,20 @@ def trace(
     # the exact allocation sequence gives the allocator's reserved bytes by replay, the
     # step's after the warm-up's (reserved as measured after a warm-up step); to_device
     # also adds the cuBLAS workspace the tracer leaves out
-    estimate = result.estimate.replace(
-        notes=tuple(n for n in result.estimate.notes if "workspaces are not in" not in n)
-    )
-    return to_device(
-        estimate, gpu=gpu, events=result.allocator_events(), warmup=result.warmup_events
+    return to_device(with_recorded_step(result), gpu=gpu)
+
+
+def with_recorded_step(result: Trace) -> MemoryEstimate:
+    """A CUDA trace's estimate carrying its own events (`RecordedStep`) for `to_device`.
+
+    `to_device` replays them through the caching-allocator model for ``reserved`` and the
+    OOM line, on whichever card it is given, and adds the cuBLAS workspace the trace
+    leaves out.
+    """
+    estimate = result.estimate
+    return estimate.replace(
+        notes=tuple(n for n in estimate.notes if "workspaces are not in" not in n),
+        outline=RecordedStep(warmup=tuple(result.warmup_events), events=tuple(result.events)),
     )
 
 
