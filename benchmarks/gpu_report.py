@@ -141,7 +141,7 @@ def traced(rec: dict[str, Any]) -> Any:
     if rec.get("lora") or rec.get("qlora") or rec["kind"] != "train":
         return None
     if rec.get("task") == "vision":
-        return None
+        return _traced_vision(rec)
     config = config_of(rec)
     cls = {"mlm": transformers.AutoModelForMaskedLM}.get(
         rec.get("task", ""), transformers.AutoModelForCausalLM
@@ -157,6 +157,35 @@ def traced(rec: dict[str, Any]) -> Any:
     return trace(
         model,
         {"input_ids": ids, "labels": ids},
+        optimizer=estimate_kwargs(rec, rec["batch"])["optimizer"],
+        precision=precision_of(rec),
+        device="cuda",
+        gpu=GPU,
+    )
+
+
+class _WithLoss(torch.nn.Module):
+    """``F.cross_entropy(model(x), y)``: the loss `gpu_check.py`'s vision step computes."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.inner(x), y)
+
+
+def _traced_vision(rec: dict[str, Any]) -> Any:
+    """The torchvision model's step with its labels and cross-entropy, traced for CUDA."""
+    import torchvision  # noqa: PLC0415
+
+    with _meta():
+        model = getattr(torchvision.models, rec["model"].split("/", 1)[1])()
+        images = torch.zeros(rec["batch"], 3, 224, 224)
+        labels = torch.zeros(rec["batch"], dtype=torch.long)
+    return trace(
+        _WithLoss(model),
+        (images, labels),
         optimizer=estimate_kwargs(rec, rec["batch"])["optimizer"],
         precision=precision_of(rec),
         device="cuda",

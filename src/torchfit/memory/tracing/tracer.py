@@ -58,6 +58,7 @@ __all__ = [
     "parse_trace_device",
     "trace",
     "trace_events",
+    "traced_step",
     "with_recorded_step",
 ]
 
@@ -371,6 +372,22 @@ def trace(
     # step's after the warm-up's (reserved as measured after a warm-up step); to_device
     # also adds the cuBLAS workspace the tracer leaves out
     return to_device(with_recorded_step(result), gpu=gpu)
+
+
+def traced_step(model: nn.Module, example_inputs: object, step: Step) -> MemoryEstimate:
+    """``step`` traced on fake tensors: its allocated peak, with its events for `to_device`.
+
+    What `torchfit.memory.estimate` gives on ``device="cuda"`` for a model without a
+    closed form (a CNN, a ViT): the step's own kernels under CUDA's rules (autocast's op
+    lists, fused attention, ``foreach`` optimizers), and its exact allocation sequence.
+
+    Raises:
+        ValueError: ``step`` sets a field that describes the model (LoRA, a 4/8-bit base,
+            frozen parameters), which a trace takes from the model itself.
+        RuntimeError: The step cannot run on fake tensors.
+    """
+    run = run_keywords(step, model, example_inputs, {}, where="estimate(model, step)")
+    return with_recorded_step(trace_events(model, example_inputs, **run))
 
 
 def with_recorded_step(result: Trace) -> MemoryEstimate:
