@@ -7,12 +7,13 @@ largest batch that fits, and each knob that could flip the verdict, re-estimated
 the same estimator. Every verdict, headroom and largest batch decides on
 ``MemoryEstimate.device_needed`` (the allocator's OOM line plus the CUDA context), the
 rule ``torchfit.fits`` applies; the device total (what nvidia-smi shows) is printed
-beside it. Transformers go through the closed forms, CNNs through a meta-device
-pass of the catalog model; nothing is allocated, no GPU is needed, and the output is
-deterministic. ``docs/fact-check.md`` is these tables plus the verdicts in words.
+beside it. Transformers go through the closed forms, CNNs through their step traced
+on fake tensors under CUDA's rules (what `estimate` does on CUDA for a model without a
+closed form); nothing is allocated, no GPU is needed, and the output is deterministic.
+``docs/fact-check.md`` is these tables plus the verdicts in words.
 
-Run: python benchmarks/fact_check.py  (prints markdown; about 80 s of CPU time, most of it
-EfficientNet-B7's meta-device passes at 600 x 600)
+Run: python benchmarks/fact_check.py  (prints markdown; about 5 minutes on 2 cores, most of it
+EfficientNet-B7's traced steps)
 """
 
 from __future__ import annotations
