@@ -114,3 +114,15 @@ def test_a_vision_config_on_cuda_is_traced():
     placed = to_device(found, gpu="RTX 3060")
     assert placed.oom_line is not None
     assert placed.device_needed <= placed.device_total
+
+
+@pytest.mark.parametrize(
+    "step",
+    [{"mode": "inference", "dtype": "bf16"}, {"precision": "bf16-true"}, {"precision": "16-true"}],
+    ids=str,
+)
+def test_a_16_bit_step_feeds_16_bit_inputs_to_its_trace(step):
+    found = estimate(_cnn(8, 1, True), batch_size=4, input_shape=(3, 32, 32), device="cuda", **step)
+    method = next(n for n in found.notes if n.startswith("method:"))
+    assert "traced on fake tensors" in method, method
+    assert isinstance(found.outline, RecordedStep)

@@ -133,11 +133,15 @@ def _module_step(
     """
     name = type(model).__name__
     if step.device == "cuda":
-        inputs = torch.zeros((step.batch_size, *shape), device="meta")
+        # a "*-true" 16-bit step feeds 16-bit inputs, as Lightning's precision plugins do
+        held = torch.float32 if step.mixed else step.compute.torch_dtype
+        inputs = torch.zeros((step.batch_size, *shape), dtype=held, device="meta")
         try:
             traced = traced_step(model, inputs, step)
         except (ValueError, RuntimeError) as error:
             reason = str(error).split(";")[0]
+            if "DataDependent" in type(error).__name__:
+                reason = f"the step reads a tensor's value ({reason})"
             try:
                 found = estimate_module(model, input_shape=shape, **options)
             except RuntimeError:
