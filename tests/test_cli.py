@@ -144,7 +144,7 @@ def test_plan_sharding_flags_reach_the_plan(capsys):
 
 
 def test_plan_a_vision_model_from_the_catalog_uses_its_image(capsys):
-    argv = ["plan", "resnet-50", "--gpu", "GTX 1060 6GB", "--batch", "32", "--json"]
+    argv = ["plan", "resnet-18", "--gpu", "GTX 1060 6GB", "--batch", "32", "--json"]
     assert main(argv) == 0
     default = json.loads(capsys.readouterr().out)
     assert default["settings"]["step"]["input_shape"] == [3, 224, 224]
@@ -289,7 +289,7 @@ def test_a_plan_without_seq_says_it_plans_the_models_maximum_first(capsys):
     "argv",
     [
         ["plan", "Qwen/Qwen3-8B", "--gpu", "H100", "--seq", "4096"],
-        ["plan", "resnet50", "--gpu", "RTX 3060"],  # an image model: no sequence at all
+        ["plan", "alexnet", "--gpu", "RTX 3060"],  # an image model: no sequence at all
     ],
 )
 def test_no_seq_line_when_the_sequence_was_given_or_there_is_none(argv, capsys):

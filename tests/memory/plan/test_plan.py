@@ -277,8 +277,8 @@ def test_a_plan_repr_is_one_short_line_and_str_the_report():
     fitting = plan_card("gpt2", "RTX 3060", seq_len=512)
     assert repr(fitting).startswith("<Plan gpt2, train, bf16-mixed, batch 1, seq 512: FITS, ")
     assert repr(fitting).endswith(" of 12.00 GiB on NVIDIA GeForce RTX 3060 12GB>")
-    vision = plan_card("resnet50", "RTX 3060")
-    assert ", input 3x224x224: " in repr(vision)
+    vision = plan_card("alexnet", "RTX 3060")
+    assert ", input 3x227x227: " in repr(vision)
 
 
 def test_the_workspace_note_says_what_its_bytes_are():
@@ -365,7 +365,7 @@ def test_the_advice_skips_replays_of_steps_too_big_for_the_card_and_says_the_sam
     assert quick_count < len(full_estimates), (quick_count, len(full_estimates))
 
 
-@pytest.mark.parametrize(("model", "card"), [("gpt2", "RTX 3060"), ("resnet18", "GTX 1060 6GB")])
+@pytest.mark.parametrize(("model", "card"), [("gpt2", "RTX 3060"), ("alexnet", "GTX 1060 6GB")])
 def test_card_fit_is_the_plans_estimate_and_largest_batch(model, card):
     from torchfit.memory.plan.verdict import card_fit
     from torchfit.memory.step import Step

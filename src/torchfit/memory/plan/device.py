@@ -50,14 +50,17 @@ def outgrows(model: Any, settings: Settings, card: GPU) -> bool:
     return step_estimate(model, settings).total > card.total
 
 
-def holds(model: Any, settings: Settings, card: GPU) -> bool:
+def holds(
+    model: Any, settings: Settings, card: GPU, *, single: MemoryEstimate | None = None
+) -> bool:
     """``settings``' step fits ``card`` (`device_estimate`'s ``device_needed``).
 
     A step whose allocated bytes alone exceed the card is refused before the allocator
     replay, and one whose reserved bytes fit is taken after a single replay, before the
     search for its OOM line: what makes a search for the largest batch or sequence quick.
+    ``single``: `step_estimate` of ``settings`` when the caller has it already.
     """
-    single = step_estimate(model, settings)
+    single = step_estimate(model, settings) if single is None else single
     if single.total > card.total:
         return False
     if to_device(single, gpu=card, oom_line=False, **settings.device()).device_total <= card.total:
@@ -81,25 +84,43 @@ def allocated_budget(card: GPU, allocated: int, placed: MemoryEstimate) -> int:
     return (card.total - placed.context) * allocated // held
 
 
-def line_guess(total_at: Callable[[int], int], first: int, budget: int, upper: int) -> int | None:
-    """Where a line through the allocated bytes at two sizes meets ``budget`` (in [1, upper]).
+def line_guess(
+    total_at: Callable[[int], int], first: int, budget: int, upper: int, *, refits: int = 3
+) -> int | None:
+    """Where the allocated bytes' line meets ``budget``: a size in ``[1, upper]``.
 
-    The sizes are ``first`` and twice it (half when ``first`` is ``upper``); ``total_at``
-    gives a size's allocated bytes (`step_estimate`'s ``total``: no replay). A guess for
-    `largest_fitting`, which checks it with the card's view: None when no line rises.
+    The line goes through the bytes at ``first`` and twice it (half when ``first`` is
+    ``upper``); ``total_at`` gives a size's allocated bytes (`step_estimate`'s ``total``:
+    no replay). Small sizes can hide the slope (a CNN's peak at batch 1 and 2 is its
+    optimizer step, which no batch changes), so a guess more than twice beyond the last
+    size asked is asked too, and the line drawn again through the last two sizes, up to
+    ``refits`` times. A guess for `largest_fitting`, which checks it with the card's view:
+    None when no line rises.
 
     Example:
         >>> line_guess(lambda b: 1000 + 10 * b, 8, budget=2000, upper=1 << 20)
         100
+        >>> asked = []
+        >>> bends = lambda b: asked.append(b) or 1000 + b + max(b - 50, 0) * 10
+        >>> line_guess(bends, 1, budget=2000, upper=1 << 20), asked  # 11 b = 1500 beyond 50
+        (136, [1, 2, 1000, 96])
     """
     first = min(max(first, 1), upper)
     second = 2 * first if 2 * first <= upper else first // 2
     if second < 1 or second == first:
         return None
-    line = Line.through((first, total_at(first)), (second, total_at(second)))
-    if line.per_sample <= 0:
-        return None
-    return min(max(line.solve(budget), 1), upper)
+    points = [(first, total_at(first)), (second, total_at(second))]
+    guess = None
+    for _ in range(refits + 1):
+        line = Line.through(points[-2], points[-1])
+        if line.per_sample <= 0:
+            return guess
+        guess = min(max(line.solve(budget), 1), upper)
+        last = points[-1][0]
+        if last // 2 <= guess <= 2 * last or guess in (p[0] for p in points):
+            return guess
+        points.append((guess, total_at(guess)))
+    return guess
 
 
 def device_estimate(model: Any, settings: Settings, card: GPU) -> MemoryEstimate:

@@ -192,14 +192,23 @@ def _searched(model: Any, settings: Settings, card: GPU) -> tuple[Settings, Memo
         settings = default_seq_len(model, settings)
     single = step_estimate(model, settings)
     current = on_card(single, settings, card)
+    known = {settings.step.batch_size: single}  # a traced step takes seconds: each size once
+
+    def at(batch: int) -> MemoryEstimate:
+        if batch not in known:
+            known[batch] = step_estimate(model, settings.replace(batch_size=batch))
+        return known[batch]
+
     guess = line_guess(
-        lambda b: step_estimate(model, settings.replace(batch_size=b)).total,
+        lambda b: at(b).total,
         settings.step.batch_size,
         allocated_budget(card, single.total, current),
         1 << 20,
     )
     largest = largest_fitting(
-        lambda b: holds(model, settings.replace(batch_size=b), card), 1 << 20, guess=guess
+        lambda b: holds(model, settings.replace(batch_size=b), card, single=at(b)),
+        1 << 20,
+        guess=guess,
     )
     return settings, current, largest
 
