@@ -236,6 +236,7 @@ def test_plan_and_max_batch_size_find_the_same_largest_batch(monkeypatch, quadra
     monkeypatch.setattr(verdict, "_device_estimate", device_estimate)
     monkeypatch.setattr(device, "device_estimate", device_estimate)
     monkeypatch.setattr(device, "step_estimate", lambda m, s: device_estimate(m, s, None))
+    monkeypatch.setattr(verdict, "step_estimate", lambda m, s: device_estimate(m, s, None))
     monkeypatch.setattr(device, "on_card", lambda single, settings, card: single)
     card = GPU.custom("lab card", memory="6GiB")
     plan = plan_card("gpt2", card, batch_size=1, seq_len=128)
