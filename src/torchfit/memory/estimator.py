@@ -7,7 +7,9 @@ Hub). Then:
 * a transformers family with a closed form (GPT-2, Llama-style decoders, BERT-style
   encoders, Mixtral- and Qwen-MoE blocks) goes to the closed forms
   (`torchfit.memory.analytic.transformer`);
-* an image model, or any ``nn.Module`` with an input shape, to a meta-device pass
+* an image model, or any ``nn.Module`` with an input shape, on ``device="cuda"`` to its
+  step traced on fake tensors under CUDA's rules (`torchfit.memory.tracing.traced_step`,
+  its allocator events kept for the allocator's replay), on the CPU to a meta-device pass
   (`torchfit.memory.modules`);
 * any other transformers architecture (T5, BART, Whisper, BLOOM, Falcon, OPT,
   GPT-NeoX, Gemma 2, ...) to a meta-device pass of the model built from its config,
@@ -61,8 +63,8 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
             (``"meta-llama/Llama-3.1-8B"``: the catalog, the local cache, then the Hub,
             config.json only), ``"torchvision/resnet50"`` or ``"timm/convnext_tiny"``, a
             local ``config.json`` or model directory, a transformers config or model, or
-            any ``nn.Module`` (then ``input_shape`` is required and activations come from a
-            meta-device pass).
+            any ``nn.Module`` (then ``input_shape`` is required; on CUDA its step is
+            traced on fake tensors, on the CPU a meta-device pass finds its activations).
         step: The step, a `torchfit.Step` (its fields are documented there).
         **keywords: Or the step as keywords: `Step`'s fields, and the older spellings
             `Step.of` reads (``dtype="bf16"``, ``mixed_precision=``, a
