@@ -287,7 +287,7 @@ def _shm_held(pids: list[int]) -> int:
         maps = Path("/proc", str(pids[0]), "maps").read_text(encoding="ascii", errors="replace")
     except OSError:
         maps = ""
-    for line in _lines_with(maps, _SHM):
+    for line in (row for row in maps.splitlines() if _SHM in row):
         fields = line.split(maxsplit=5)
         low, high = (int(x, 16) for x in fields[0].split("-"))
         major, minor = (int(x, 16) for x in fields[3].split(":"))
@@ -308,17 +308,6 @@ def _shm_held(pids: list[int]) -> int:
             key = (stat.st_dev, stat.st_ino)
             files[key] = max(files.get(key, 0), stat.st_size)
     return sum(files.values())
-
-
-def _lines_with(text: str, part: str) -> list[str]:
-    """The lines of ``text`` that contain ``part`` (without scanning every line)."""
-    found, at = [], text.find(part)
-    while at >= 0:
-        start, end = text.rfind("\n", 0, at) + 1, text.find("\n", at)
-        end = len(text) if end < 0 else end
-        found.append(text[start:end])
-        at = text.find(part, end)
-    return found
 
 
 _SHM = "/dev/shm/"  # noqa: S108 - read only

@@ -134,6 +134,7 @@ def _module_step(
     tensors cannot run keeps the meta pass.
     """
     name = type(model).__name__
+    untraced, why = None, ""
     if step.device == "cuda":
         # a "*-true" 16-bit step feeds 16-bit inputs, as Lightning's precision plugins do
         held = torch.float32 if step.mixed else step.compute.torch_dtype
@@ -141,17 +142,19 @@ def _module_step(
         try:
             traced = traced_step(model, inputs, step)
         except (ValueError, RuntimeError) as error:
-            reason = str(error).split(";")[0]
+            untraced, reason = error, str(error).split(";")[0]
             if "DataDependent" in type(error).__name__:
                 reason = f"the step reads a tensor's value ({reason})"
-            try:
-                found = estimate_module(model, input_shape=shape, **options)
-            except RuntimeError:
-                raise error from None  # the trace's message names the op and the way out
-            return _noted(found, f"method: meta-device pass of {name} (not traced: {reason})")
-        return _noted(traced, f"method: the step of {name} traced on fake tensors (CUDA rules)")
-    found = estimate_module(model, input_shape=shape, **options)
-    return _noted(found, f"method: meta-device pass of {name}")
+            why = f" (not traced: {reason})"
+        else:
+            return _noted(traced, f"method: the step of {name} traced on fake tensors (CUDA rules)")
+    try:
+        found = estimate_module(model, input_shape=shape, **options)
+    except RuntimeError:
+        if untraced is None:
+            raise
+        raise untraced from None  # the trace's message names the op and the way out
+    return _noted(found, f"method: meta-device pass of {name}{why}")
 
 
 def _estimate(model: Any, step: Step) -> MemoryEstimate:

@@ -9,7 +9,7 @@ re-estimated figure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchfit._core import checks
@@ -192,38 +192,58 @@ def _searched(model: Any, settings: Settings, card: GPU) -> tuple[Settings, Memo
         settings = default_seq_len(model, settings)
     single = step_estimate(model, settings)
     current = on_card(single, settings, card)
-    known = {settings.step.batch_size: single}  # a traced step takes seconds: each size once
-
-    def at(batch: int) -> MemoryEstimate:
-        if batch not in known:
-            known[batch] = step_estimate(model, settings.replace(batch_size=batch))
-        return known[batch]
-
-    guess = line_guess(
-        lambda b: at(b).total,
-        settings.step.batch_size,
-        allocated_budget(card, single.total, current),
-        1 << 20,
-    )
-    largest = largest_fitting(
-        lambda b: holds(model, settings.replace(batch_size=b), card, single=at(b)),
-        1 << 20,
-        guess=guess,
+    largest = _largest(
+        model,
+        card,
+        lambda b: settings.replace(batch_size=b),
+        start=(settings.step.batch_size, single),
+        budget=allocated_budget(card, single.total, current),
+        upper=1 << 20,
     )
     return settings, current, largest
 
 
 def _longest(model: Any, settings: Settings, card: GPU, current: MemoryEstimate) -> int:
-    """The longest sequence at batch 1 that fits ``card``, searched from a line's guess."""
-    upper = max_positions(model, settings)
+    """The longest sequence at batch 1 that fits ``card``."""
     one = settings.replace(batch_size=1)
-    guess = line_guess(
-        lambda s: step_estimate(model, one.replace(seq_len=s)).total,
-        settings.step.seq_len or 1,
-        allocated_budget(card, current.total, current),
-        upper,
+    start = settings.step.seq_len or 1
+    return _largest(
+        model,
+        card,
+        lambda s: one.replace(seq_len=s),
+        start=(start, step_estimate(model, one.replace(seq_len=start))),
+        budget=allocated_budget(card, current.total, current),
+        upper=max_positions(model, settings),
     )
-    return largest_fitting(lambda s: holds(model, one.replace(seq_len=s), card), upper, guess=guess)
+
+
+def _largest(
+    model: Any,
+    card: GPU,
+    settings_at: Callable[[int], Settings],
+    *,
+    start: tuple[int, MemoryEstimate],
+    budget: int,
+    upper: int,
+) -> int:
+    """The largest size in ``[1, upper]`` whose settings fit ``card``, from a line's guess.
+
+    ``settings_at`` makes a size's settings; ``start`` is the size asked first and its
+    `step_estimate`. The guess is where the allocated bytes' line meets ``budget``
+    (`line_guess`), checked and bracketed by `largest_fitting`; each size is estimated
+    once (a traced step takes seconds).
+    """
+    known = dict([start])
+
+    def at(size: int) -> MemoryEstimate:
+        if size not in known:
+            known[size] = step_estimate(model, settings_at(size))
+        return known[size]
+
+    guess = line_guess(lambda n: at(n).total, start[0], budget, upper)
+    return largest_fitting(
+        lambda n: holds(model, settings_at(n), card, single=at(n)), upper, guess=guess
+    )
 
 
 def card_fit(model: Any, card: GPU, step: Step) -> tuple[Settings, MemoryEstimate, int]:
