@@ -8,7 +8,9 @@ on what its workspace bytes are and what a training plan cannot see.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchfit._core.units import format_bytes
@@ -24,6 +26,7 @@ __all__ = [
     "PLAN_NOT_MODELLED",
     "device_estimate",
     "allocated_budget",
+    "estimated_once",
     "holds",
     "line_guess",
     "on_card",
@@ -39,10 +42,50 @@ def step_estimate(model: Any, settings: Settings) -> MemoryEstimate:
     Its ``total`` is a lower bound of `device_estimate`'s ``device_needed``: the device
     view only adds (a workspace, the context) and the OOM line is never below it.
     """
+    memo = _ESTIMATED.get()
+    key = (id(model), settings)
+    try:
+        if memo is not None and key in memo:
+            return memo[key]
+    except TypeError:  # settings holding an unhashable value (an optimizer factory)
+        memo = None
     single = estimate(model, settings.step)
     if settings.strategy is not None and settings.step.training:
         single = per_rank(model, settings, single)
+    if memo is not None:
+        memo[key] = single
     return single
+
+
+#: `step_estimate`'s estimates within `estimated_once` (None outside it).
+_ESTIMATED: contextvars.ContextVar[dict[tuple[int, Settings], MemoryEstimate] | None] = (
+    contextvars.ContextVar("torchfit_plan_estimates", default=None)
+)
+
+
+@contextlib.contextmanager
+def estimated_once() -> Iterator[None]:
+    """Within it, `step_estimate` estimates each step once: a plan's scope.
+
+    A plan asks the same step more than once (its search, the quick refusal of an advice
+    item, then that item's device view); a traced step costs about a second each time.
+    `MemoryEstimate` is frozen, so the one estimate is shared. Outside a plan nothing is
+    kept (a local config may change between two calls).
+
+    Example:
+        >>> from torchfit.memory.step import Step
+        >>> at = Settings(model="gpt2", step=Step(batch_size=2, seq_len=64))
+        >>> with estimated_once():
+        ...     step_estimate("gpt2", at) is step_estimate("gpt2", at)
+        True
+        >>> step_estimate("gpt2", at) is step_estimate("gpt2", at)
+        False
+    """
+    token = _ESTIMATED.set({})
+    try:
+        yield
+    finally:
+        _ESTIMATED.reset(token)
 
 
 def outgrows(model: Any, settings: Settings, card: GPU) -> bool:

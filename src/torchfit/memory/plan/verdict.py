@@ -27,6 +27,7 @@ from torchfit.memory.outline import RecordedStep
 from torchfit.memory.plan.advice import Advice, advise
 from torchfit.memory.plan.device import (
     allocated_budget,
+    estimated_once,
     holds,
     line_guess,
     on_card,
@@ -373,18 +374,19 @@ def plan_card(
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=given_context(context_bytes),
     )
-    settings, current, largest = _searched(model, settings, card)
-    longest = None
-    if settings.step.seq_len is not None:
-        longest = _longest(model, settings, card, current)
-    advice = advise(
-        lambda changes: _device_estimate(model, settings.replace(**changes), card),
-        settings=settings,
-        current=current,
-        card=card,
-        num_gpus=count,
-        refuses=lambda changes: outgrows(model, settings.replace(**changes), card),
-    )
+    with estimated_once():  # the search and the advice ask some steps twice
+        settings, current, largest = _searched(model, settings, card)
+        longest = None
+        if settings.step.seq_len is not None:
+            longest = _longest(model, settings, card, current)
+        advice = advise(
+            lambda changes: _device_estimate(model, settings.replace(**changes), card),
+            settings=settings,
+            current=current,
+            card=card,
+            num_gpus=count,
+            refuses=lambda changes: outgrows(model, settings.replace(**changes), card),
+        )
     return Plan(
         fits=current.device_needed <= card.total,
         estimate=current,
