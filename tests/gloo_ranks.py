@@ -7,12 +7,19 @@ group, and the way out of a rank once its results are on disk.
 
 import datetime as dt
 import json
+import multiprocessing
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
+import torch.multiprocessing as mp
+
+#: What the fork server imports once for every rank it forks: spawn imports torch and
+#: torchfit in each rank (about 2 s each, 6 ranks a test file on a busy 2-core machine).
+PRELOAD = ["torch", "torch.distributed", "torchfit.memory", "torchfit.loaders"]
 
 
 def free_port() -> int:
@@ -20,6 +27,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_ranks(worker: Callable[..., None], args: tuple, nprocs: int) -> None:
+    """Run ``worker(rank, *args)`` in ``nprocs`` processes forked from a fork server; join.
+
+    The server is a fresh process (no OpenMP threads to inherit) that has imported
+    `PRELOAD`; the first call in a test process starts it with that list, so every test
+    that starts ranks goes through here.
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    mp.start_processes(worker, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def init_gloo(rank: int, world_size: int, port: int) -> None:

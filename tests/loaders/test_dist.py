@@ -20,7 +20,6 @@ from unittest import mock
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import (
@@ -33,7 +32,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave, start_ranks
 from torchfit.loaders import dist as _loaders_dist
 from torchfit.loaders import tuned_loader, tuned_loader_and_report
 from torchfit.loaders.dist import Ranks, check_shuffle_with_sampler, current_ranks, shard
@@ -195,16 +194,7 @@ def _rank(rank, world, port, out_dir):
 def ranks(request, tmp_path_factory):
     world = request.param
     out_dir = tmp_path_factory.mktemp(f"world{world}")
-    # forkserver: torch is imported once, in the server, and each rank forks from it
-    # (spawn imports it in every rank: 6 imports, ~30 s on a busy 2-core machine).
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torchfit.loaders"])
-    mp.start_processes(
-        _rank,
-        args=(world, free_port(), out_dir),
-        nprocs=world,
-        join=True,
-        start_method="forkserver",
-    )
+    start_ranks(_rank, (world, free_port(), out_dir), world)
     return world, read_ranks(out_dir, world)
 
 

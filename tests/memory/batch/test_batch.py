@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gloo_ranks import leave
+from gloo_ranks import leave, start_ranks
 from torchfit._core.units import parse_bytes
 from torchfit.memory.allocator import (
     CONTEXT_ENV_VAR,
@@ -919,11 +918,10 @@ def _distributed_worker(rank, world_size, store_path, capacities, results_path):
 
 def test_ranks_agree_on_the_smallest_batch(tmp_path):
     capacities = [4 * MiB, 2 * MiB]
-    mp.spawn(
+    start_ranks(
         _distributed_worker,
-        args=(2, str(tmp_path / "store"), capacities, str(tmp_path / "result")),
-        nprocs=2,
-        join=True,
+        (2, str(tmp_path / "store"), capacities, str(tmp_path / "result")),
+        2,
     )
     results = [torch.load(tmp_path / f"result.{rank}") for rank in range(2)]
     assert results[0] == results[1]  # every size tried, and the answer, agreed

@@ -39,10 +39,9 @@ import gc
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave, start_ranks
 from torchfit.memory import activation_bytes, estimate, measure_peak
 from torchfit.memory.sharding import shard_estimate
 
@@ -117,13 +116,7 @@ def gloo_peaks(tmp_path_factory):
     found = {}
     for world in WORLDS:
         out_dir = tmp_path_factory.mktemp(f"fsdp{world}")
-        mp.start_processes(
-            _worker,
-            args=(world, free_port(), out_dir),
-            nprocs=world,
-            join=True,
-            start_method="spawn",
-        )
+        start_ranks(_worker, (world, free_port(), out_dir), world)
         found[world] = read_ranks(out_dir, world)
     return found
 

@@ -19,11 +19,10 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave
+from gloo_ranks import free_port, init_gloo, read_ranks, save_and_leave, start_ranks
 from torchfit.memory import estimate, measure_peak
 from torchfit.memory.sharding import shard_estimate
 
@@ -89,9 +88,7 @@ def _worker(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def rank_peaks(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ranks")
-    mp.start_processes(
-        _worker, args=(free_port(), out_dir), nprocs=WORLD, join=True, start_method="spawn"
-    )
+    start_ranks(_worker, (free_port(), out_dir), WORLD)
     return read_ranks(out_dir, WORLD)
 
 
