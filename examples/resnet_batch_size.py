@@ -26,7 +26,7 @@ name, shape = ("resnet-18", (3, 64, 64)) if args.smoke else ("resnet-50", (3, 22
 print(f"{name} at {shape[1]}x{shape[2]}, SGD momentum: largest batch with a 7% margin")
 print(f"  {'card':<34}{'fp32':>6}{'mixed':>7}")
 cards = (
-    ("GTX 1060", "RTX 3060") if args.smoke else ("GTX 1060", "RTX 3060", "RTX 4090", "A100 80GB")
+    ("GTX 1060",) if args.smoke else ("GTX 1060", "RTX 3060", "RTX 4090", "A100 80GB")
 )
 for card in map(torchfit.gpu, cards):
     picks = []

@@ -200,6 +200,20 @@ def test_max_batch_size_fits_a_callable_with_four_evaluations():
     assert len(calls) == 4  # two to fit the line, two to check its answer
 
 
+def test_max_batch_size_on_a_card_asks_each_size_once():
+    # the card's context comes from the prediction at 1, which the fit asks for again: a
+    # traced step costs about a second a size, so each size is asked once
+    calls = []
+
+    def predict(batch_size):
+        calls.append(batch_size)
+        return line(2**30, 10 * MiB).at(batch_size)
+
+    card = GPU(name="Test 8GB", memory=8 * 2**30)
+    assert max_batch_size(predict, card) > 0
+    assert len(calls) == len(set(calls)) == 4, calls
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     fixed=st.integers(0, 10**6),
