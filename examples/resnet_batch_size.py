@@ -25,9 +25,7 @@ args = parser.parse_args()
 name, shape = ("resnet-18", (3, 64, 64)) if args.smoke else ("resnet-50", (3, 224, 224))
 print(f"{name} at {shape[1]}x{shape[2]}, SGD momentum: largest batch with a 7% margin")
 print(f"  {'card':<34}{'fp32':>6}{'mixed':>7}")
-cards = (
-    ("GTX 1060",) if args.smoke else ("GTX 1060", "RTX 3060", "RTX 4090", "A100 80GB")
-)
+cards = ("GTX 1060",) if args.smoke else ("GTX 1060", "RTX 3060", "RTX 4090", "A100 80GB")
 for card in map(torchfit.gpu, cards):
     picks = []
     for dtype in ("fp32", "bf16" if card.bf16 else "fp16"):
