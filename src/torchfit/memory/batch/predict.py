@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -265,25 +266,11 @@ def max_batch_size(
     found = find_budget(budget)
     context = predict.fixed.context if isinstance(predict, AffineEstimate) else 0
     if not isinstance(predict, AffineEstimate) and callable(predict):
-        predict = _each_size_once(predict)  # a traced step costs about a second a size
+        predict = functools.cache(predict)  # a traced step costs about a second a size
         if found.kind is BudgetKind.GPU:
             context = evaluate(predict, 1).context
     usable = resolve_margin(margin, found.kind, context, found.card).usable(found.bytes)
     return solve_predictor(predict, usable, batch_sizes=batch_sizes)[0]
-
-
-def _each_size_once(
-    predict: Callable[[int], MemoryEstimate],
-) -> Callable[[int], MemoryEstimate]:
-    """``predict`` asked at most once per batch size (its estimates kept for one search)."""
-    known: dict[int, MemoryEstimate] = {}
-
-    def once(batch_size: int) -> MemoryEstimate:
-        if batch_size not in known:
-            known[batch_size] = predict(batch_size)
-        return known[batch_size]
-
-    return once
 
 
 def describe_budget(budget_bytes: int, margin: Margin) -> str:

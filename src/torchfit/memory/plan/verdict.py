@@ -247,21 +247,19 @@ def _largest(
     guess = line_guess(lambda n: at(n).total, start[0], budget, upper)
     # a traced step takes about a second a size: the card's view at the guess, redrawn up to
     # twice, spares the sizes a gallop from a 10%-short guess asks (closed forms take ms)
-    traced = isinstance(start[1].outline, RecordedStep)
-    for _ in range(2 if traced else 0):
-        if guess is None:
-            break
-        near = guess
-        other = min((n for n in known if n != near), key=lambda n: abs(n - near), default=near)
-        guess = redrawn_guess(
-            lambda n: at(n).total,
-            lambda n: allocated_budget(card, at(n).total, on_card(at(n), settings_at(n), card)),
-            near,
-            other,
-            upper,
-        )
-        if guess == near:
-            break
+    if guess is not None and isinstance(start[1].outline, RecordedStep):
+        for _ in range(2):
+            near = guess
+            other = min((n for n in known if n != near), key=lambda n: abs(n - near), default=near)
+            guess = redrawn_guess(
+                lambda n: at(n).total,
+                lambda n: allocated_budget(card, at(n).total, on_card(at(n), settings_at(n), card)),
+                near,
+                other,
+                upper,
+            )
+            if guess == near:
+                break
     return largest_fitting(
         lambda n: holds(model, settings_at(n), card, single=at(n)), upper, guess=guess
     )
