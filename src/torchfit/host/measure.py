@@ -8,7 +8,14 @@ GPU), collects garbage, resets ``VmHWM``
 (`torchfit.host.rss.reset_peak`) and reads the RSS: that is the *baseline*, the
 interpreter and its libraries. Then it loads, and reports the peak and the end above that
 baseline, then reads every weight once (a sum over each tensor) and reports the RSS again
-(`LoadMemory.in_use`).
+(`LoadMeasurement.in_use`).
+
+Importing torch and transformers takes seconds, more than a small load, so each load runs
+in a child forked from one server (``python -m torchfit.host.measure --serve``,
+`torchfit.host.forking`) that imported them once and never loads anything: the child starts
+where a new interpreter stands after the same imports. The server lives as long as the
+process that started it. Extra environment variables (``MALLOC_MMAP_THRESHOLD_``, read by
+glibc when a program starts) get a new interpreter instead.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchfit._core.units import format_bytes
+from torchfit.host.forking import run_forked, serve
 from torchfit.host.spec import LoadMethod, LoadSpec
 
 __all__ = ["LoadMeasurement", "measure_load"]
@@ -97,22 +105,36 @@ def measure_load(
         True
     """
     spec = spec or LoadSpec()
-    args = json.dumps({"path": str(path), "spec": spec.to_dict()})
+    args = {"path": str(path), "spec": spec.to_dict()}
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    if env:
+        returncode, output = _run_fresh(args, child_env, timeout)
+    else:
+        returncode, output = run_forked("torchfit.host.measure", args, child_env, timeout)
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    if returncode != 0 or not lines:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise RuntimeError(f"measuring {spec.describe()} on {path} failed:\n{tail}")
+    return LoadMeasurement(**json.loads(lines[-1]))
+
+
+def _run_fresh(args: dict[str, Any], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """The child in a new interpreter: its exit status and output."""
     done = subprocess.run(  # noqa: S603 - our own interpreter running our own module
-        [sys.executable, "-m", "torchfit.host.measure", args],
+        [sys.executable, "-m", "torchfit.host.measure", json.dumps(args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env,
+        env=env,
         check=False,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"measuring {spec.describe()} on {path} failed:\n{tail}")
-    return LoadMeasurement(**json.loads(lines[-1]))
+    return done.returncode, done.stdout + done.stderr
+
+
+#: What the server each child forks from imports first: torch (about 1.5 s) and
+#: transformers with its model base class (about 1 s more), the bulk of a child's start.
+_PRELOAD = ("torch", "transformers", "transformers.modeling_utils")
 
 
 # -- the child --------------------------------------------------------------------------
@@ -213,13 +235,12 @@ def _read_all(loaded: Any) -> None:
                 tensor.view(-1)[:: max(1, 4096 // max(tensor.element_size(), 1))].sum()
 
 
-def _child(argv: list[str]) -> None:
+def _child(args: dict[str, Any]) -> None:
     import gc  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from torchfit.host.rss import read_rss, reset_peak  # noqa: PLC0415
 
-    args = json.loads(argv[0])
     raw = args["spec"]
     spec = LoadSpec(**{**raw, "skip_modules": tuple(raw["skip_modules"])})
     path = Path(args["path"])
@@ -247,4 +268,7 @@ def _child(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1:])
+    if sys.argv[1:] == ["--serve"]:
+        serve(_child, _PRELOAD)
+    else:
+        _child(json.loads(sys.argv[1]))
