@@ -27,6 +27,7 @@ import pytest
 import torchfit
 from torchfit import memory
 from torchfit.cli import main as torchfit_main
+from torchfit.host.forking import run_forked
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -488,26 +489,23 @@ def page_snippets(page: Path) -> list[tuple[str, list[str] | None]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", SNIPPET_PAGES)
 def test_guide_snippets_run_as_written(page, tmp_path):
-    # A new user copies these word for word: each page must run, in a fresh interpreter.
+    # A new user copies these word for word: each page must run, in a process of its own
+    # (forked from one that imported torch, transformers and torchfit: tests/page_server.py).
     snippets = page_snippets(DOCS / page)
     assert any(code.strip() for code, _ in snippets), f"{page} has no Python blocks"
     script = tmp_path / "snippet.py"
     marker = f"\nprint({BLOCK_END!r}, flush=True)\n"
     script.write_text(marker.join(code for code, _ in snippets) + marker, encoding="utf-8")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip()  # every page prints what it shows
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
+    stdout = tmp_path / "stdout.txt"
+    request = {"script": str(script), "cwd": str(tmp_path), "stdout": str(stdout)}
+    status, stderr = run_forked("page_server", request, env, timeout=600)
+    assert status == 0, stderr[-2000:]
+    printed = stdout.read_text(encoding="utf-8")
+    assert printed.strip()  # every page prints what it shows
     # each output block shown after a Python block is what that block printed
-    outputs = done.stdout.split(BLOCK_END + "\n")
+    outputs = printed.split(BLOCK_END + "\n")
     problems = []
     for (code, shown), printed in zip(snippets, outputs, strict=False):
         if shown is None:
