@@ -490,7 +490,7 @@ def page_snippets(page: Path) -> list[tuple[str, list[str] | None]]:
 @pytest.mark.parametrize("page", SNIPPET_PAGES)
 def test_guide_snippets_run_as_written(page, tmp_path):
     # A new user copies these word for word: each page must run, in a process of its own
-    # (forked from one that imported torch, transformers and torchfit: tests/page_server.py).
+    # (forked from one that imported torch, transformers and torchfit: tests/script_server.py).
     snippets = page_snippets(DOCS / page)
     assert any(code.strip() for code, _ in snippets), f"{page} has no Python blocks"
     script = tmp_path / "snippet.py"
@@ -500,7 +500,7 @@ def test_guide_snippets_run_as_written(page, tmp_path):
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
     stdout = tmp_path / "stdout.txt"
     request = {"script": str(script), "cwd": str(tmp_path), "stdout": str(stdout)}
-    status, stderr = run_forked("page_server", request, env, timeout=600)
+    status, stderr = run_forked("script_server", request, env, timeout=600)
     assert status == 0, stderr[-2000:]
     printed = stdout.read_text(encoding="utf-8")
     assert printed.strip()  # every page prints what it shows

@@ -1,18 +1,17 @@
 """Every example runs as a user would run it (with --smoke for CPU-sized inputs).
 
-The scripts start together (each in its own process, one thread each) and every test
-waits for its own, so the file takes about as long as the slowest example rather than
-the sum of them.
+Each runs as ``python example.py --smoke`` in a process of its own, forked from
+tests/script_server.py, which imported torch, transformers and torchfit once.
 """
 
 import os
 import pathlib
 import re
-import subprocess
 import sys
-import time
 
 import pytest
+
+from torchfit.host.forking import run_forked
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
@@ -56,43 +55,20 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Start every example at once; each test collects its own result."""
-    folder = tmp_path_factory.mktemp("examples")
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(script, tmp_path):
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
-    started = {}
-    for script in EXAMPLES:
-        out = (folder / f"{script.stem}.out").open("w")
-        err = (folder / f"{script.stem}.err").open("w")
-        process = subprocess.Popen(
-            [sys.executable, str(script), "--smoke"], stdout=out, stderr=err, text=True, env=env
-        )
-        started[script.name] = (process, out, err, time.perf_counter())
-    yield started, folder
-    for process, out, err, _ in started.values():
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        out.close()
-        err.close()
-
-
-@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(script, runs):
-    started, folder = runs
-    process, out, err, _ = started[script.name]
-    returncode = process.wait(timeout=300)
-    out.flush()
-    err.flush()
-    stdout = (folder / f"{script.stem}.out").read_text()
-    stderr = (folder / f"{script.stem}.err").read_text()
-    assert returncode == 0, stderr[-2000:]
+    out = tmp_path / "stdout.txt"
+    request = {"script": str(script), "args": ["--smoke"], "cwd": str(tmp_path), "stdout": str(out)}
+    status, stderr = run_forked("script_server", request, env, timeout=300)
+    assert status == 0, stderr[-2000:]
+    stdout = out.read_text()
     assert stdout.strip()
     for pattern in EXPECTED.get(script.name, []):
         assert re.search(pattern, stdout, re.MULTILINE), f"{pattern!r} not in:\n{stdout}"
