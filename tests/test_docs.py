@@ -486,6 +486,24 @@ def page_snippets(page: Path) -> list[tuple[str, list[str] | None]]:
     return found
 
 
+def _porting_prints(printed: str) -> list[str]:
+    """docs/porting.md compares with accelerate: torchfit must hit fewer OOMs than it."""
+    oom_line = re.compile(r"^(accelerate|torchfit): batch \d+ after (\d+) out", re.MULTILINE)
+    found = dict(oom_line.findall(printed))
+    problems = []
+    if not {"accelerate", "torchfit"} <= found.keys():
+        problems.append("no 'accelerate: batch N after K out...' and 'torchfit: ...' lines")
+    elif int(found["torchfit"]) >= int(found["accelerate"]):
+        problems.append(f"torchfit hit {found['torchfit']} OOMs, accelerate {found['accelerate']}")
+    lines = ("the loop returned a loss of", "binsearch, ported: batch")
+    return problems + [f"{line!r} not printed" for line in lines if line not in printed]
+
+
+#: What a page's script must print beyond the output blocks it shows: a check of the whole
+#: output returning its problems.
+PAGE_PRINTS = {"porting.md": _porting_prints}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", SNIPPET_PAGES)
 def test_guide_snippets_run_as_written(page, tmp_path):
@@ -502,10 +520,10 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     request = {"script": str(script), "cwd": str(tmp_path), "stdout": str(stdout)}
     status, stderr = run_forked("script_server", request, env, timeout=600)
     assert status == 0, stderr[-2000:]
-    printed = stdout.read_text(encoding="utf-8")
-    assert printed.strip()  # every page prints what it shows
+    output = stdout.read_text(encoding="utf-8")
+    assert output.strip()  # every page prints what it shows
     # each output block shown after a Python block is what that block printed
-    outputs = printed.split(BLOCK_END + "\n")
+    outputs = output.split(BLOCK_END + "\n")
     problems = []
     for (code, shown), printed in zip(snippets, outputs, strict=False):
         if shown is None:
@@ -515,6 +533,7 @@ def test_guide_snippets_run_as_written(page, tmp_path):
         if problem is not None:
             first = code.strip().splitlines()[0]
             problems.append(f"block {first!r}: {problem}\n" + "\n".join(actual))
+    problems += PAGE_PRINTS.get(page, lambda _: [])(output)
     assert not problems, f"{page}: " + "\n\n".join(problems)
 
 
