@@ -58,6 +58,24 @@ def test_compare_gpus_table_and_costs():
     assert "NVIDIA L4" in str(table) and table.to_dict()["rows"][0]["gpu"] == "NVIDIA H100 SXM"
 
 
+def test_cards_that_run_the_same_step_share_its_estimates(monkeypatch):
+    # a traced step costs about a second a size: the second card of a comparison asks
+    # again only the sizes the first did not (RTX 4090 and L40S: 24 and 48 GB, the same step)
+    from torchfit.memory.plan import device
+
+    asked = []
+    real = device.estimate
+
+    def counted(model, step):
+        asked.append(step)
+        return real(model, step)
+
+    monkeypatch.setattr(device, "estimate", counted)
+    table = compare_gpus(TINY, ["RTX 4090", "L40S"], seq_len=128, precision="bf16-mixed")
+    assert table.rows[0].largest_batch < table.rows[1].largest_batch
+    assert len(asked) == len(set(asked)), [s.batch_size for s in asked]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

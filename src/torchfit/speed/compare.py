@@ -8,7 +8,7 @@ from typing import Any
 
 from torchfit._core import checks
 from torchfit.memory.gpus import GPU, gpu
-from torchfit.memory.plan.device import device_estimate
+from torchfit.memory.plan.device import device_estimate, estimated_once
 from torchfit.memory.plan.verdict import card_fit
 from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
@@ -218,29 +218,28 @@ def compare_gpus(
         at_largest_batch=at_largest_batch, step=step, keywords=keywords
     )
     rows = []
-    for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
-        chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
-        settings, current, largest = card_fit(model, card, chosen_step)
-        chosen = largest if largest_wanted else chosen_step.batch_size
-        peak = 0
-        if chosen == chosen_step.batch_size:
-            peak = current.device_needed
-        elif chosen:
-            at = settings.replace(batch_size=chosen)
-            peak = device_estimate(model, at, card).device_needed
-        fits = 1 <= chosen <= largest
-        timed = None
-        if chosen:
-            at_batch = chosen_step.replace(batch_size=chosen)
-            timed = step_time(model, card, at_batch, channels_last=channels_last)
-        hours = cost = None
-        if timed is not None and (tokens is not None or samples is not None):
-            hours = (
-                timed.hours(tokens=tokens) if tokens is not None else timed.hours(samples=samples)
-            )
-            if name in prices:
-                cost = timed.cost(prices[name], tokens=tokens, samples=samples)
-        rows.append(CardRow(card.name, fits, int(peak), largest, chosen, timed, hours, cost))
+    with estimated_once():  # cards that run the same step share its estimates
+        for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
+            chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
+            settings, current, largest = card_fit(model, card, chosen_step)
+            chosen = largest if largest_wanted else chosen_step.batch_size
+            peak = 0
+            if chosen == chosen_step.batch_size:
+                peak = current.device_needed
+            elif chosen:
+                at = settings.replace(batch_size=chosen)
+                peak = device_estimate(model, at, card).device_needed
+            fits = 1 <= chosen <= largest
+            timed = None
+            if chosen:
+                at_batch = chosen_step.replace(batch_size=chosen)
+                timed = step_time(model, card, at_batch, channels_last=channels_last)
+            hours = cost = None
+            if timed is not None and (tokens is not None or samples is not None):
+                hours = timed.hours(tokens=tokens, samples=samples)  # one of them: checked
+                if name in prices:
+                    cost = timed.cost(prices[name], tokens=tokens, samples=samples)
+            rows.append(CardRow(card.name, fits, int(peak), largest, chosen, timed, hours, cost))
     budget = f"{tokens:.3g} tokens" if tokens is not None else ""
     budget = f"{samples:.3g} samples" if samples is not None else budget
     label = rows[0].time.model if rows and rows[0].time else str(model)
