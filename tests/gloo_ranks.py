@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -37,7 +38,17 @@ def start_ranks(worker: Callable[..., None], args: tuple, nprocs: int) -> None:
     that starts ranks goes through here.
     """
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    mp.start_processes(worker, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    threads = max(1, torch.get_num_threads() // nprocs)  # this pytest worker's share of cores
+    mp.start_processes(
+        _rank, args=(worker, threads, args), nprocs=nprocs, join=True, start_method="forkserver"
+    )
+
+
+def _rank(rank: int, worker: Callable[..., None], threads: int, args: tuple) -> None:
+    """One rank: its share of the caller's threads (torch's default, a thread per core,
+    would spin against the other ranks and pytest workers), then ``worker(rank, *args)``."""
+    torch.set_num_threads(threads)
+    worker(rank, *args)
 
 
 def init_gloo(rank: int, world_size: int, port: int) -> None:

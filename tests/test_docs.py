@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import torch
 
 import torchfit
 from torchfit import memory
@@ -514,8 +515,11 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     script = tmp_path / "snippet.py"
     marker = f"\nprint({BLOCK_END!r}, flush=True)\n"
     script.write_text(marker.join(code for code, _ in snippets) + marker, encoding="utf-8")
+    # this worker's share of the cores (tests/conftest.py): more threads would spin against
+    # the other workers' (OMP_NUM_THREADS is read when torch starts: the server's start)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
     stdout = tmp_path / "stdout.txt"
     request = {"script": str(script), "cwd": str(tmp_path), "stdout": str(stdout)}
     status, stderr = run_forked("script_server", request, env, timeout=600)
