@@ -104,6 +104,26 @@ def test_a_child_past_its_timeout_is_killed_with_its_server_and_the_next_one_run
     assert after["server"] != before["server"]
 
 
+def test_a_fork_of_the_caller_starts_its_own_server_and_leaves_its_parents_alone():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    _, parents, _ = _echo(env)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker, say: its pipes to the server are its parent's
+        try:
+            _, seen, _ = _echo(env)
+            os.write(write, json.dumps(seen).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        childs = json.loads(answer.read() or "{}")
+    os.waitpid(pid, 0)
+    assert childs.get("server") not in (None, parents["server"]), childs
+    _, again, _ = _echo(env)
+    assert again["server"] == parents["server"]
+
+
 @pytest.mark.slow
 def test_a_failing_load_says_why(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-model"}')

@@ -121,6 +121,7 @@ class _Server:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.env = _read_at_start(env)
+        self.owner = os.getpid()
         self.process = subprocess.Popen(  # noqa: S603 - the caller's own interpreter
             argv,
             stdin=subprocess.PIPE,
@@ -158,6 +159,8 @@ class _Server:
 
     def close(self) -> None:
         """End of input: the server returns once its child, if any, is done."""
+        if os.getpid() != self.owner:  # a fork of the process that started it: not ours
+            return
         with contextlib.suppress(BrokenPipeError):  # a dead server reads nothing
             self.requests.close()
         try:
@@ -172,7 +175,7 @@ class _Server:
                 pipe.close()
 
 
-_servers: dict[tuple[str, ...], _Server] = {}
+_servers: dict[tuple[int | str, ...], _Server] = {}
 _lock = threading.Lock()
 
 #: Environment variables read when a process starts or imports torch and transformers
@@ -200,7 +203,7 @@ def run_forked(
         subprocess.TimeoutExpired: the child ran past ``timeout`` (server and child killed).
     """
     argv = [sys.executable, "-m", module, "--serve"]
-    key = tuple(argv)
+    key: tuple[int | str, ...] = (os.getpid(), *argv)  # a fork of the caller starts its own
     with _lock:
         server = _servers.get(key)
         if server is not None and (server.env != _read_at_start(env) or not server.alive()):
