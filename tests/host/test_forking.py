@@ -20,7 +20,9 @@ def test_the_resident_runs_are_the_file_backed_resident_set():
     mapped = sum(pages for _, pages in runs) * PAGE
     assert runs == sorted(runs)
     assert all(pages > 0 for _, pages in runs)
-    assert 0.9 * read_rss().file <= mapped <= 1.1 * read_rss().file
+    # file pages only (bit 61): a library's private, written pages are RssAnon (measured
+    # equal to the KiB on torch and transformers; 8% over when they were counted too)
+    assert 0.98 * read_rss().file <= mapped <= 1.02 * read_rss().file
 
 
 def _forked_file_rss(runs):

@@ -10,9 +10,10 @@ table entries of file-backed mappings nobody wrote to at ``fork`` (``mm/memory.c
 ``copy_page_range``: "a page fault will fill them correctly"), so the libraries' code pages
 the server had mapped are not in the child's resident set until it touches them again, and
 a child would count them as its own growth. `resident_file_pages` reads which of them the
-server holds (``/proc/self/pagemap``, bit 63 "page present", readable without privileges
-since Linux 4.2; ``Documentation/admin-guide/mm/pagemap.rst``) and each child reads one byte
-of each before it starts (`fault_in`), so that it starts where the server stood.
+server holds (``/proc/self/pagemap``: bit 63 "page present" and bit 61 "file-page or
+shared-anon", readable without privileges since Linux 4.2;
+``Documentation/admin-guide/mm/pagemap.rst``) and each child reads one byte of each before
+it starts (`fault_in`), so that it starts where the server stood.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from typing import IO, Any, NoReturn, cast
 __all__ = ["fault_in", "resident_file_pages", "run_forked", "serve"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-_PRESENT = 1 << 63
+#: A page mapped from its file: present (bit 63) and a file page (bit 61). The private copy
+#: of a written file page (a library's relocated data) is anonymous, and fork copies it.
+_FILE_PAGE = (1 << 63) | (1 << 61)
 
 
 def resident_file_pages() -> list[tuple[int, int]]:
@@ -55,9 +58,10 @@ def resident_file_pages() -> list[tuple[int, int]]:
             entries = array.array("Q", pagemap.read((end - start) // _PAGE * 8))
             first = None
             for index, entry in enumerate([*entries, 0]):
-                if entry & _PRESENT and first is None:
+                mapped = entry & _FILE_PAGE == _FILE_PAGE
+                if mapped and first is None:
                     first = index
-                elif not entry & _PRESENT and first is not None:
+                elif not mapped and first is not None:
                     runs.append((start + first * _PAGE, index - first))
                     first = None
     return runs
