@@ -131,3 +131,11 @@ def test_a_failing_load_says_why(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-model"}')
     with pytest.raises(RuntimeError, match="no-such-model"):
         measure_load(tmp_path)
+
+
+def test_without_linuxs_proc_measure_load_says_so_before_starting_anything(monkeypatch):
+    from torchfit.host import measure
+
+    monkeypatch.setattr(measure, "_CLEAR_REFS", measure.Path("/nonexistent/clear_refs"))
+    with pytest.raises(OSError, match=r"Linux's /proc .*load_memory predicts"):
+        measure_load("/nonexistent/checkpoint")
