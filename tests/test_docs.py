@@ -518,7 +518,6 @@ def test_guide_snippets_run_as_written(page, tmp_path):
     # this worker's share of the cores (tests/conftest.py): more threads would spin against
     # the other workers' (OMP_NUM_THREADS is read when torch starts: the server's start)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
     stdout = tmp_path / "stdout.txt"
     request = {"script": str(script), "cwd": str(tmp_path), "stdout": str(stdout)}

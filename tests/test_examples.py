@@ -7,7 +7,6 @@ tests/script_server.py, which imported torch, transformers and torchfit once.
 import os
 import pathlib
 import re
-import sys
 
 import pytest
 
@@ -62,7 +61,6 @@ def test_example_runs(script, tmp_path):
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
     out = tmp_path / "stdout.txt"
     request = {"script": str(script), "args": ["--smoke"], "cwd": str(tmp_path), "stdout": str(out)}

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
-__all__ = ["fault_in", "resident_file_pages", "run_forked", "serve"]
+__all__ = ["fault_in", "resident_file_pages", "run_forked", "serve", "with_sys_path"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 #: A page mapped from its file: present (bit 63) and a file page (bit 61). The private copy
@@ -194,18 +194,29 @@ def _read_at_start(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name.startswith(_READ_AT_START)}
 
 
+def with_sys_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this process's ``sys.path`` as ``PYTHONPATH``.
+
+    A new interpreter then imports every module from where this process imports it (an
+    uninstalled checkout, a test folder).
+    """
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
 def run_forked(
     module: str, request: dict[str, Any], env: dict[str, str], timeout: float
 ) -> tuple[int, str]:
     """Run ``request`` in a child of ``module``'s server, under ``env``: status and output.
 
-    ``python -m module --serve`` must call `serve`. The server is started on the first
-    request, and again when it died or when ``env`` differs in a variable read at a
-    process's start (`_READ_AT_START`); it ends with this process.
+    ``python -m module --serve`` must call `serve`; the server imports from this process's
+    ``sys.path`` (`with_sys_path`). It is started on the first request, and again when it
+    died or when ``env`` differs in a variable read at a process's start
+    (`_READ_AT_START`); it ends with this process.
 
     Raises:
         subprocess.TimeoutExpired: the child ran past ``timeout`` (server and child killed).
     """
+    env = with_sys_path(env)
     argv = [sys.executable, "-m", module, "--serve"]
     key: tuple[int | str, ...] = (os.getpid(), *argv)  # a fork of the caller starts its own
     with _lock:

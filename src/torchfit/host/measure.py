@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from torchfit._core.units import format_bytes
-from torchfit.host.forking import run_forked, serve
+from torchfit.host import rss
+from torchfit.host.forking import run_forked, serve, with_sys_path
 from torchfit.host.spec import LoadMethod, LoadSpec
 
 __all__ = ["LoadMeasurement", "measure_load"]
@@ -104,16 +105,15 @@ def measure_load(
         >>> 4 * 2**20 <= m.peak < 8 * 2**20
         True
     """
-    if not _CLEAR_REFS.exists():  # before a server starts that could not measure anything
+    if not rss.CLEAR_REFS.exists():  # before a server starts that could not measure anything
         raise OSError(
             f"measure_load resets and reads a process's peak RSS through Linux's /proc "
-            f"({_CLEAR_REFS} and VmHWM), which this system does not have; "
+            f"({rss.CLEAR_REFS} and VmHWM), which this system does not have; "
             "torchfit.host.load_memory predicts the same load without measuring it"
         )
     spec = spec or LoadSpec()
     args = {"path": str(path), "spec": spec.to_dict()}
     child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     if env:
         returncode, output = _run_fresh(args, child_env, timeout)
     else:
@@ -132,14 +132,11 @@ def _run_fresh(args: dict[str, Any], env: dict[str, str], timeout: float) -> tup
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=with_sys_path(env),
         check=False,
     )
     return done.returncode, done.stdout + done.stderr
 
-
-#: Where a process resets its RSS high-water mark (Linux >= 4.0).
-_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 #: What the server each child forks from imports first: torch (about 1.5 s) and
 #: transformers with its model base class (about 1 s more), the bulk of a child's start.

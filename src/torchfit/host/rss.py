@@ -37,6 +37,8 @@ __all__ = [
 T = TypeVar("T")
 
 _PROC = Path("/proc")
+#: Writing 5 here resets this process's ``VmHWM`` (Linux >= 4.0).
+CLEAR_REFS = _PROC / "self" / "clear_refs"
 _FIELDS = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file",
            "RssShmem": "shmem"}  # fmt: skip
 
@@ -92,7 +94,7 @@ def reset_peak() -> bool:
         True
     """
     try:
-        (_PROC / "self" / "clear_refs").write_text("5", encoding="ascii")
+        CLEAR_REFS.write_text("5", encoding="ascii")
     except OSError:
         return False
     return True
