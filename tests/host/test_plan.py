@@ -140,8 +140,8 @@ def test_measure_rss_sees_written_pages():
 def test_read_rss_and_private_bytes():
     sample = read_rss()
     assert sample.rss == pytest.approx(sample.anon + sample.file + sample.shmem, rel=0.05)
-    uss, pss = private_bytes()
-    assert 0 < uss <= pss <= sample.rss * 1.05
+    uss, pss, dirty = private_bytes()
+    assert 0 < dirty <= uss <= pss <= sample.rss * 1.05
 
 
 def test_load_memory_tables_read_well():

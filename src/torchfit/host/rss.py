@@ -21,11 +21,12 @@ import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from torchfit._core.units import format_bytes
 
 __all__ = [
+    "PrivateBytes",
     "RssMeasurement",
     "RssSample",
     "measure_rss",
@@ -100,15 +101,30 @@ def reset_peak() -> bool:
     return True
 
 
-def private_bytes(pid: int | str = "self") -> tuple[int, int]:
-    """``(USS, PSS)`` of a process from ``/proc/<pid>/smaps_rollup``, in bytes.
+class PrivateBytes(NamedTuple):
+    """A process's unique and proportional memory, from ``/proc/<pid>/smaps_rollup``.
 
-    USS counts the pages only this process maps: what a forked DataLoader worker copied
-    on write. PSS shares each page among the processes that map it.
+    Attributes:
+        uss: Pages only this process maps (``Private_Clean + Private_Dirty``): what a forked
+            DataLoader worker copied on write, and the file pages (library code) it alone
+            has read in.
+        pss: Each page shared among the processes that map it.
+        dirty: Of ``uss``, the written pages (``Private_Dirty``). The clean rest are file
+            pages, private only while no other process maps them: another process that
+            imported the same libraries makes them shared.
+    """
+
+    uss: int
+    pss: int
+    dirty: int
+
+
+def private_bytes(pid: int | str = "self") -> PrivateBytes:
+    """USS, PSS and the dirty part of the USS of a process, in bytes.
 
     Example:
-        >>> uss, pss = private_bytes()
-        >>> 0 < uss <= pss
+        >>> uss, pss, dirty = private_bytes()
+        >>> 0 < dirty <= uss <= pss
         True
     """
     fields = {"Private_Clean": 0, "Private_Dirty": 0, "Pss": 0}
@@ -117,7 +133,8 @@ def private_bytes(pid: int | str = "self") -> tuple[int, int]:
         key, _, rest = line.partition(":")
         if key in fields:
             fields[key] = int(rest.split()[0]) * 1024
-    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+    clean, dirty = fields["Private_Clean"], fields["Private_Dirty"]
+    return PrivateBytes(uss=clean + dirty, pss=fields["Pss"], dirty=dirty)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,12 +45,15 @@ __all__ = [
 ]
 
 #: Unique memory (USS) of a forked worker whose dataset holds no Python containers, after
-#: an epoch of small batches. Measured with torch 2.13 and Python 3.11 on Linux (Intel Xeon
-#: and AMD EPYC): 13.8-14.7 MiB under a script that imported torch (and transformers). It
-#: depends on what the parent did before the fork: a worker seeds NumPy's generator
-#: (``torch/utils/data/_utils/worker.py``), importing ``numpy.random`` itself when the
-#: parent never did (+4-6 MiB), and a parent that froze its heap (``gc.freeze``) spares
-#: the worker's collector the writes to its objects' headers (10.5 MiB).
+#: an epoch of small batches. It depends on what the parent did before the fork: a worker
+#: seeds NumPy's generator (``torch/utils/data/_utils/worker.py``), importing
+#: ``numpy.random`` itself when the parent never did. Measured with torch 2.13 and Python
+#: 3.11 on Linux (AMD EPYC) under a fresh script that imported torch: 10.5 MiB of written
+#: pages when the script had imported ``numpy.random``, 13.3 MiB when it had not, plus up
+#: to 3 MiB of library pages the worker alone read in (private until another process maps
+#: them: USS 11.5 and 16 MiB on a machine running nothing else). A parent whose heap has
+#: freed chunks the worker reuses, or that froze its heap (``gc.freeze``), moves it by a
+#: few MiB either way. About the middle:
 WORKER_BASE_BYTES = 14 * 2**20
 
 
@@ -254,6 +257,9 @@ class WorkerMeasurement:
     Attributes:
         uss: Each worker's unique memory (USS, ``/proc/<pid>/smaps_rollup``) after the
             batches were read: its own pages and the pages it copied.
+        dirty: Of each ``uss``, the written pages; the rest are library pages the worker
+            alone has read in, shared as soon as another process maps them
+            (`torchfit.host.rss.PrivateBytes`).
         shm_peak: Peak of the ``/dev/shm`` files the loader's processes hold, above what
             the main process held before the first batch.
         batches: Batches read.
@@ -262,6 +268,7 @@ class WorkerMeasurement:
     uss: tuple[int, ...]
     shm_peak: int
     batches: int
+    dirty: tuple[int, ...]
 
     @property
     def copies(self) -> int:
@@ -270,7 +277,8 @@ class WorkerMeasurement:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, plus `copies`, as plain Python values."""
-        return {**dataclasses.asdict(self), "uss": list(self.uss), "copies": self.copies}
+        data = dataclasses.asdict(self)
+        return {**data, "uss": list(self.uss), "dirty": list(self.dirty), "copies": self.copies}
 
 
 def _shm_held(pids: list[int]) -> int:
@@ -360,7 +368,12 @@ def measure_workers(
                 time.sleep(hold_seconds)
             peak = max(peak, _shm_held(ours) - start)
             del batch
-        uss = tuple(private_bytes(pid)[0] for pid in ours[1:])
+        private = [private_bytes(pid) for pid in ours[1:]]
     finally:
         close_iterator(it)
-    return WorkerMeasurement(uss=uss, shm_peak=peak, batches=count)
+    return WorkerMeasurement(
+        uss=tuple(p.uss for p in private),
+        shm_peak=peak,
+        batches=count,
+        dirty=tuple(p.dirty for p in private),
+    )
