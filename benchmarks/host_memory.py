@@ -232,17 +232,17 @@ class Blocks(Dataset):
         return torch.frombuffer(bytearray(buffer[:64]), dtype=torch.uint8)
 
 
-def _rate(dataset: Dataset, num: int, batches: int) -> float:
+def _rate(dataset: Dataset, num: int, batches: int, batch_size: int = 16) -> float:
     if isinstance(dataset, Blocks):  # blocks no run read lately (a VM host caches them)
-        dataset.start += (max(num, 1) * 2 + batches) * 16 * 3
-    loader = DataLoader(dataset, batch_size=16, num_workers=num)
+        dataset.start += (max(num, 1) * 2 + batches) * batch_size * 3
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num)
     it = iter(loader)
     for _ in range(max(num, 1) * 2):
         next(it)  # start-up: every worker's first batches
     begin = time.perf_counter()
     for _ in range(batches):
         next(it)
-    rate = batches * 16 / (time.perf_counter() - begin)
+    rate = batches * batch_size / (time.perf_counter() - begin)
     del it
     return rate
 

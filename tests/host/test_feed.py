@@ -3,6 +3,9 @@
 import dataclasses
 import os
 import random
+import threading
+import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +21,7 @@ from torchfit.host import (
     measure_disk,
     read_bytes_per_sample,
 )
-from torchfit.host.disk import ReadOrder
+from torchfit.host.disk import ReadOrder, idle_credit
 from torchfit.loaders import LoaderConfig, LoaderReport
 from torchfit.loaders.machine import machine_budget
 
@@ -126,6 +129,37 @@ def test_measure_disk_reads_a_file_it_removes(tmp_path):
     assert len(speed.curve) == 2  # one measured point per reader count
     assert (speed.random, speed.parallel) == speed.curve
     assert speed.spread >= 0
+    assert 0 <= speed.idle_credit <= 1
+
+
+class PacedReads:
+    """`os.preadv` of a disk that reads at ``rate`` bytes/s: a drive that serves one read
+    after another, or a set rate (a token bucket one read deep) that lets a read through
+    at once when the reader idled as long as a read takes."""
+
+    def __init__(self, rate, *, set_rate):
+        self.rate, self.set_rate, self.free_at = rate, set_rate, 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, fd, buffers, offset):
+        size = len(buffers[0])
+        with self.lock:
+            now = time.perf_counter()
+            if self.set_rate:
+                done = max(now, self.free_at)
+                self.free_at = done + size / self.rate
+            else:
+                done = self.free_at = max(now, self.free_at) + size / self.rate
+        time.sleep(max(done - time.perf_counter(), 0))
+        return size
+
+
+@pytest.mark.parametrize(("set_rate", "low", "high"), [(True, 0.7, 1.0), (False, 0.0, 0.3)])
+def test_measure_disk_tells_a_set_rate_from_a_drive(tmp_path, monkeypatch, set_rate, low, high):
+    monkeypatch.setattr(os, "preadv", PacedReads(64e6, set_rate=set_rate))  # 4 ms a read
+    speed = measure_disk(tmp_path, size="8MiB", block="256KiB", threads=1, seconds=0.1, rounds=1)
+    assert speed.random == pytest.approx(64e6, rel=0.2)
+    assert low <= speed.idle_credit <= high
 
 
 def test_measure_disk_reads_the_data_file_without_changing_it(tmp_path):
@@ -183,15 +217,39 @@ def test_disk_bound_workers_share_the_read_and_add_their_cpu():
     disk = dataclasses.replace(DISK, curve=(1e9, 1.2e9, 1.5e9))
     cost = SampleCost(wall_seconds=0.0011, cpu_seconds=0.0001, read_bytes=1e6)
     feed = feed_needs(cost, batch_size=12, step_seconds=0.01, cores=8, disk=disk)
-    # response time law: r / (Z + r * bytes / D(r))
+    # asymptotic bounds: min(r / (Z + bytes / D(1)), D(r) / bytes)
     assert feed.throughput(0) == pytest.approx(1 / (1e-4 + 1e-3))
-    assert feed.throughput(2) == pytest.approx(2 / (1e-4 + 2 * 1e6 / 1.2e9))
-    assert feed.throughput(8) == pytest.approx(8 / (1e-4 + 8 * 1e6 / 1.5e9))
-    assert feed.throughput(8) < 1.5e9 / 1e6  # never past what the disk serves
+    assert feed.throughput(1) == feed.throughput(0)
+    assert feed.throughput(2) == pytest.approx(1.2e9 / 1e6)  # 2 / 1.1 ms is more
+    assert feed.throughput(8) == pytest.approx(1.5e9 / 1e6)  # never past what the disk serves
     assert feed.bound is FeedBound.GPU  # 1,200 samples/s needed, the disk allows 1,500
-    # two workers by the wall time (1,200 * 1.1 ms), but two readers get 1,132/s: three
-    assert feed.workers == 3
-    assert feed.throughput(2) < feed.samples_per_s <= feed.throughput(3)
+    assert feed.workers == 2
+    slow = dataclasses.replace(cost, cpu_seconds=0.002)  # the CPU work now sets the pace
+    slow_feed = feed_needs(slow, batch_size=12, step_seconds=0.01, cores=8, disk=disk)
+    assert slow_feed.throughput(2) == pytest.approx(2 / (0.002 + 1e-3))
+    assert slow_feed.workers == 4  # 3 ms a cycle: 1,000 samples/s from 3, 1,333 from 4
+
+
+@pytest.mark.parametrize(
+    ("cpu", "rate_limited", "drive"), [(0.0, 100, 100), (0.005, 100, 200 / 3), (0.020, 50, 100 / 3)]
+)
+def test_a_set_rate_disk_reads_at_once_after_the_cpu_work(cpu, rate_limited, drive):
+    """One worker, 10 ms reads: a rate-limited volume (idle time credited) lets the read
+    through at once once the CPU work took as long; a drive that serves at its own pace
+    adds the whole read to each sample."""
+    limited = dataclasses.replace(DISK, curve=(95e6,), idle_credit=1.0)
+    cost = SampleCost(wall_seconds=cpu + 0.01, cpu_seconds=cpu, read_bytes=95e4)
+    for disk, expected in ((limited, rate_limited), (replace(limited, idle_credit=0), drive)):
+        feed = feed_needs(cost, batch_size=4, step_seconds=1, cores=4, disk=disk)
+        assert feed.throughput(1) == pytest.approx(expected)
+
+
+def test_idle_credit_is_the_share_of_the_idle_time_given_back():
+    assert idle_credit(0.01, 0.01) == 0.0  # a drive: the read took as long after idling
+    assert idle_credit(0.01, 0.0) == 1.0  # a set rate: it went through at once
+    assert idle_credit(0.01, 0.004) == pytest.approx(0.6)
+    assert idle_credit(0.01, 0.03) == 0.0  # slower after idling: nothing given back
+    assert idle_credit(0.0, 0.0) == 0.0
 
 
 def test_random_reads_scale_with_readers_up_to_the_parallel_speed():

@@ -40,10 +40,12 @@ from typing import Any
 
 from torchfit._core.units import format_bytes, parse_bytes
 
-__all__ = ["DiskSpeed", "ReadOrder", "measure_disk"]
+__all__ = ["DiskSpeed", "ReadOrder", "idle_credit", "measure_disk"]
 
 _ALIGN = 4096
 _SEQUENTIAL_BLOCK = 1 << 20
+#: `measure_disk`'s lone reader idles this many reads' time before each read.
+_IDLE_READS = 1.5
 
 
 class ReadOrder(enum.StrEnum):
@@ -69,6 +71,12 @@ class DiskSpeed:
             empty for a speed from a spec sheet.
         spread: The widest disagreement between rounds: ``(max - min) / median``.
         order: The read order measured (`ReadOrder`).
+        idle_credit: Share of a reader's idle time the disk gives back off its next read,
+            0 to 1: 0 for a drive that serves at its own pace, 1 for a set rate (a cloud
+            volume's provisioned throughput, Linux's ``blk-throttle``) that lets a read
+            through at once after the reader idled as long as the read takes. Measured by
+            `measure_disk`: one reader that idles one and a half reads' time between reads;
+            the model takes ``idle_credit * cpu`` off each read.
 
     Example:
         >>> speed = DiskSpeed(path="/data", sequential=2e9, random=2e8, parallel=8e8,
@@ -90,6 +98,7 @@ class DiskSpeed:
     curve: tuple[float, ...] = ()
     spread: float = 0.0
     order: str = ReadOrder.RANDOM.value
+    idle_credit: float = 0.0
 
     def random_at(self, readers: int) -> float:
         """Bytes/s with ``readers`` at once: the measured curve (its last point beyond it).
@@ -117,9 +126,10 @@ class DiskSpeed:
         readers = ", ".join(f"{i} {per_s(rate)}/s" for i, rate in enumerate(self.curve, 1))
         readers = readers or f"{self.threads} readers {per_s(self.parallel)}/s"
         spread = f", rounds within {self.spread:.0%}" if self.curve else ""
+        credit = f", idle time credited {self.idle_credit:.0%}" if self.idle_credit else ""
         return (
             f"disk under {self.path} ({self.method}, {self.order} {per_s(self.block)} "
-            f"blocks): sequential {per_s(self.sequential)}/s, readers {readers}{spread}"
+            f"blocks): sequential {per_s(self.sequential)}/s, readers {readers}{spread}{credit}"
         )
 
 
@@ -201,6 +211,39 @@ def _reader(blocks: _Blocks, block: int, batch: int, deadline: float, done: list
         buffer.close()
 
 
+def _read_time_after_idling(blocks: _Blocks, block: int, idle: float, seconds: float) -> float:
+    """Mean seconds of one read by a lone reader that idles ``idle`` seconds before each."""
+    fd, _ = _open(blocks.path, owned=blocks.owned)
+    buffer = mmap.mmap(-1, block)
+    reading, reads = 0.0, 0
+    deadline = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < deadline or not reads:
+            time.sleep(idle)
+            (offset,) = blocks.take(1)
+            begin = time.perf_counter()
+            os.preadv(fd, [buffer], offset)
+            reading += time.perf_counter() - begin
+            reads += 1
+    finally:
+        os.close(fd)
+        buffer.close()
+    return reading / reads
+
+
+def idle_credit(alone: float, after_idling: float) -> float:
+    """Share of a read a disk took off after the reader idled, 0 to 1.
+
+    A read took ``alone`` seconds back to back, ``after_idling`` after the reader idled
+    longer than that.
+
+    Example:
+        >>> idle_credit(0.010, 0.010), idle_credit(0.010, 0.0002), idle_credit(0.01, 0.012)
+        (0.0, 0.98, 0.0)
+    """
+    return min(max(1.0 - after_idling / alone, 0.0), 1.0) if alone > 0 else 0.0
+
+
 def _rate(blocks: _Blocks, block: int, batch: int, readers: int, seconds: float) -> float:
     done: list[list[int]] = [[] for _ in range(readers)]
     begin = time.perf_counter()
@@ -232,7 +275,9 @@ def measure_disk(
     Without ``file`` it writes a ``size`` temporary file there (removed afterwards; keep
     it larger than the disk's own cache). With ``file`` it reads that file, read-only,
     with ``O_DIRECT`` (and ``O_NOATIME`` where the file is yours): nothing is written.
-    Takes about ``rounds * (threads + 1) * seconds`` plus the write.
+    Each round also times a lone reader that idles one and a half reads' time before each
+    read (`DiskSpeed.idle_credit`). Takes about ``rounds * (threads + 2) * seconds`` plus the
+    write.
 
     Args:
         path: A folder on the disk that holds the data.
@@ -278,14 +323,14 @@ def measure_disk(
         owned = file is None
         fd, method = _open(target, owned=owned)
         os.close(fd)
-        runs = _rounds(target, total, chunk, order=kind, batch=batch, threads=threads,
-                       seconds=seconds, rounds=rounds, owned=owned)  # fmt: skip
+        runs, given_back = _rounds(target, total, chunk, order=kind, batch=batch, threads=threads,
+                                seconds=seconds, rounds=rounds, owned=owned)  # fmt: skip
     sequential, curve = runs[0], runs[1:]
     medians = tuple(statistics.median(rates) for rates in curve)
     spread = max((max(r) - min(r)) / statistics.median(r) for r in runs)
     return DiskSpeed(
         str(where), statistics.median(sequential), medians[0], medians[-1], chunk, threads,
-        method, medians, spread, kind.value,
+        method, medians, spread, kind.value, statistics.median(given_back),
     )  # fmt: skip
 
 
@@ -305,13 +350,21 @@ def _rounds(
     seconds: float,
     rounds: int,
     owned: bool,
-) -> list[list[float]]:
-    """Per test (sequential, then 1..threads readers), its rate in every round."""
+) -> tuple[list[list[float]], list[float]]:
+    """Per test (sequential, then 1..threads readers), its rate in every round.
+
+    And each round's `idle_credit`.
+    """
     front = _Blocks(target, total, _SEQUENTIAL_BLOCK, ReadOrder.SEQUENTIAL, owned=owned)
     blocks = _Blocks(target, total, chunk, order, owned=owned)
     runs: list[list[float]] = [[] for _ in range(threads + 1)]
+    given_back = []
     for _ in range(rounds):  # interleaved, so a drift of the disk reaches every count alike
         runs[0].append(_rate(front, _SEQUENTIAL_BLOCK, 1, 1, seconds))
         for readers in range(1, threads + 1):
             runs[readers].append(_rate(blocks, chunk, batch, readers, seconds))
-    return runs
+        alone = chunk / runs[1][-1]
+        # idling past the read's time: a set rate's budget is refilled whatever its slices
+        after = _read_time_after_idling(blocks, chunk, _IDLE_READS * alone, seconds)
+        given_back.append(idle_credit(alone, after))
+    return runs, given_back
