@@ -113,10 +113,15 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     },
     "bf16-true + bnb.nf4-dq base": {"dtype": "nf4", "precision": "bf16-true", "base_dtype": "fp16"},
     # load_in_4bit=True alone: BitsAndBytesConfig's defaults, fp4 (4 bits + one fp32 absmax
-    # per 64 weights, the same bytes as nf4) without double quantization
+    # per 64 weights, the same bytes as nf4) without double quantization, computed in fp32
+    # (bnb_4bit_compute_dtype's default); transformers of 2023 loaded the model in float16
+    # when a bitsandbytes load named no torch_dtype ("Overriding torch_dtype=None with
+    # torch_dtype=torch.float16 due to requirements of bitsandbytes", modeling_utils.py)
     "4-bit bitsandbytes (load_in_4bit=True; quant type default, not named)": {
         "dtype": "nf4",
         "double_quant": False,
+        "precision": "16-true",
+        "bnb_compute_dtype": "fp32",
     },
     # LitGPT's generate/base.py --quantize bnb.nf4 / bnb.nf4-dq: every Linear in 4 bits (the
     # head too, see LITGPT), computed in bf16; the embedding and the norms stay bf16

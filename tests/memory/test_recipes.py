@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchfit.memory import estimate
+from torchfit.memory import Step, estimate
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -119,6 +119,61 @@ def test_transformers_defaults_compute_in_fp32():
     autocast = _estimate(dtype="fp4", double_quant=False, precision="bf16-mixed", **QLORA)
     assert _estimate(quantization=default, precision="bf16-mixed", **QLORA) == autocast
     assert autocast.total < fp32.total
+
+
+INFERENCE = dict(mode="inference", batch_size=2, seq_len=64)
+
+
+def test_inference_on_the_defaults_holds_the_model_in_16_bits_and_the_layers_compute_in_fp32():
+    """transformers loads the other modules in the checkpoint's dtype; each 4-bit layer casts
+    its input to fp32, dequantizes its weight into fp32 and casts its output back."""
+    default = estimate(_llama(), quantization=_bnb(load_in_4bit=True), device="cuda", **INFERENCE)
+    bf16 = estimate(_llama(), dtype="fp4", double_quant=False, device="cuda", **INFERENCE)
+    assert default.weights == bf16.weights  # embeddings, norms and head in bf16, not fp32
+    hidden, mlp, rows = 128, 384, 2 * 64
+    dequantized = hidden * mlp * 4  # the largest 4-bit weight, into fp32 (bitsandbytes 0.50)
+    copies = rows * (hidden + mlp) * 4  # the widest layer's input and output in fp32
+    assert default.total - bf16.total == dequantized - hidden * mlp * 2 + copies
+    assert any("compute in fp32 (bnb_4bit_compute_dtype)" in n for n in default.notes)
+    spelled = estimate(
+        _llama(), quantization="fp4", double_quant=False, bnb_compute_dtype="fp32",
+        device="cuda", **INFERENCE,
+    )  # fmt: skip
+    assert spelled == default
+    # in training PEFT's preparation casts the rest to fp32: the whole step computes in fp32
+    assert "bnb_compute_dtype" not in Step.of(quantization=_bnb(load_in_4bit=True)).changed()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(quantization="int8", mode="inference"), "needs quantization='nf4'"),
+        (dict(quantization="nf4"), "modelled for inference"),
+        (dict(quantization="nf4", mode="inference", bnb_compute_dtype="nf4"), "a float dtype"),
+    ],
+)
+def test_bnb_compute_dtype_is_refused_where_it_means_nothing(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Step(**{"bnb_compute_dtype": "fp32", **fields})
+
+
+def test_a_bnb_compute_dtype_equal_to_the_precisions_is_dropped():
+    step = Step(quantization="nf4", mode="inference", precision="32-true", bnb_compute_dtype="fp32")
+    assert step.bnb_compute_dtype is None
+
+
+def test_the_defaults_weights_match_a_real_cpu_load(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from torchfit.quantize import footprint
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(_llama()).to(torch.bfloat16).save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path, quantization_config=_bnb(load_in_4bit=True), device_map="cpu"
+    )
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE's table
+    found = estimate(_llama(), quantization=_bnb(load_in_4bit=True), device="cpu", **INFERENCE)
+    assert found.weights == footprint(model).total - buffers
 
 
 def test_skip_modules_and_8_bit():

@@ -177,6 +177,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
     )
     double_quant, quantize_head, base_dtype = step.double_quant, step.quantize_head, step.base_dtype
     bitsandbytes_version, max_new_tokens = step.bitsandbytes_version, step.max_new_tokens
+    bnb_compute = None if step.bnb_compute_dtype is None else parse_dtype(step.bnb_compute_dtype)
     prepared, wants_lora = step.kbit_prepared, step.wants_lora
     loop = Loop(
         accumulation_steps=step.gradient_accumulation_steps,
@@ -247,6 +248,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             base_dtype=_base_dtype(config, base_dtype, quantized=dtype.is_quantized),
             new_tokens=max_new_tokens,
             kbit_prepare=prepared,
+            bnb_compute_dtype=bnb_compute,
         )
         return _noted(found, f"method: closed form for model_type {spec.model_type!r}")
     if is_vision(config):
@@ -285,6 +287,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             kbit_prepare=prepared,
             loss_chunk=loss_chunk_size,
             new_tokens=max_new_tokens,
+            bnb_compute_dtype=bnb_compute,
             **{**options, "dtype": compute},
         )
     check_quantize_head(weights, head=quantize_head, tied=False)

@@ -9,7 +9,7 @@ from typing import Any
 from torchfit._bnb.config import read_bitsandbytes_config
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
-from torchfit._core.step import Loop, Mode, Numerics, parse_mode
+from torchfit._core.step import Loop, Mode, Numerics, TrainingPrecision, parse_mode
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
@@ -18,8 +18,10 @@ from torchfit.memory.analytic.loraconfig import lora_setup
 
 __all__ = [
     "ESTIMATE_RULES",
+    "bnb_compute_dtype_of",
     "check_base_dtype",
     "check_step",
+    "default_precision",
     "check_generation",
     "kbit_prepare_of",
     "quantization_of",
@@ -297,6 +299,36 @@ def with_compute(numerics: Numerics, compute: DType | None, *, precision: str | 
             "leave mixed_precision out"
         )
     return dataclasses.replace(numerics, compute=compute)
+
+
+def default_precision(step: Any) -> str:
+    """What a step that names no precision runs in: fp32, or bf16 around a quantized base."""
+    if step.quantization is None:
+        return TrainingPrecision.FP32.value
+    return (TrainingPrecision.BF16_MIXED if step.training else TrainingPrecision.BF16_TRUE).value
+
+
+def bnb_compute_dtype_of(step: Any) -> str | None:
+    """A 4-bit inference step's own matmul dtype, or None when it is the precision's.
+
+    Raises:
+        ValueError: no 4-bit base, a dtype that is not a float, or a training step.
+    """
+    fmt = parse_dtype(step.bnb_compute_dtype)
+    if fmt.is_quantized or step.quantization is None or parse_dtype(step.quantization).bits != 4:
+        raise ValueError(
+            f"bnb_compute_dtype={fmt.value!r} is the dtype a 4-bit bitsandbytes layer computes "
+            f"in; it needs quantization='nf4' (or fp4) and a float dtype (fp32, bf16, fp16); "
+            f"got quantization={step.quantization!r}"
+        )
+    if step.training:
+        raise ValueError(
+            f"bnb_compute_dtype={fmt.value!r} is modelled for inference; a training step "
+            "computes its 4-bit layers in the precision's dtype (autocast) or, without "
+            "autocast, in fp32 throughout: pass precision='32-true' for that"
+        )
+    same = step.precision != "auto" and fmt is step.compute
+    return None if same else fmt.value
 
 
 def check_step(step: Any) -> bool:

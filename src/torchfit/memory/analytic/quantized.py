@@ -24,6 +24,7 @@ __all__ = [
     "dequantized_bytes",
     "dequantized_transient",
     "bitsandbytes_transients",
+    "layer_copies",
     "linear_bytes",
     "quantize_on_load_bytes",
     "quantized_shapes",
@@ -181,7 +182,12 @@ def dequantized_transient(
     source = quantized_from(compute if base is None else base, version)
     copy = dequantized_bytes(shapes, compute, source=source, rows=rows, version=version)
     if copy:
-        via = "" if source is compute else f" (to {source.value}, then a {compute.value} copy)"
+        per_weight = dequantized_bytes_per_weight(
+            source=source, compute=compute, rows=rows, version=version
+        )
+        two = per_weight > compute.itemsize  # else straight into the compute dtype
+        via = f" (to {source.value}, then a {compute.value} copy)" if two else ""
+        via = via or ("" if source is compute else f" (into {compute.value})")
         notes.append(
             f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul{via}: "
             f"{copy:,} bytes at most"
@@ -242,13 +248,15 @@ def bitsandbytes_transients(
     rows: int | None,
     decode_rows: int | None,
     notes: list[str],
+    matmul: DType | None = None,
 ) -> tuple[int, int, int]:
     """What bitsandbytes holds beside a quantized model's weights on CUDA, in bytes.
 
     ``shapes``: the quantized Linears (`quantized_shapes` of a spec, or the meta pass's).
     ``(loading, dequantized, decoding)``: `quantize_on_load_bytes`, then for 4 bits the
     `dequantized_transient` of a forward over ``rows`` tokens (``None``: a training step)
-    and of a decoding step over ``decode_rows`` (``None``: no generation).
+    and of a decoding step over ``decode_rows`` (``None``: no generation). ``matmul``: the
+    4-bit layers' own compute dtype where it is not ``compute`` (`layer_copies`).
     """
     if not weights.is_quantized:
         return 0, 0, 0
@@ -256,9 +264,37 @@ def bitsandbytes_transients(
     loading = quantize_on_load_bytes(shapes, weights, bitsandbytes_version=version)
     if weights.bits != 4:
         return loading, 0, 0
+    if matmul is not None and matmul is not compute:
+        # the weights were quantized from the dtype the model was loaded in (``compute``)
+        base, compute = base or compute, matmul
     common: dict[str, Any] = {"base": base, "version": version}
     dequantized = dequantized_transient(shapes, compute, rows=rows, notes=notes, **common)
     decoding = 0
     if decode_rows is not None:
         decoding = dequantized_transient(shapes, compute, rows=decode_rows, notes=[], **common)
+    if matmul is not None and rows is not None:
+        dequantized += layer_copies(shapes, matmul, rows=rows, notes=notes)
+        if decode_rows is not None:
+            decoding += layer_copies(shapes, matmul, rows=decode_rows, notes=[])
     return loading, dequantized, decoding
+
+
+def layer_copies(shapes: Iterable[Shape], matmul: DType, *, rows: int, notes: list[str]) -> int:
+    """A 4-bit layer computing in ``matmul`` on a model held in another dtype, in bytes.
+
+    ``Linear4bit.forward`` casts its input to ``bnb_4bit_compute_dtype`` and its output
+    back (bitsandbytes/nn/modules.py): during its matmul the input's copy and the output
+    in ``matmul`` are alive, ``rows`` rows of each, for the widest layer.
+
+    Example:
+        >>> layer_copies([(64, 32), (256, 64)], DType.FP32, rows=10, notes=[])
+        12800
+    """
+    widest = max((out_f + in_f for out_f, in_f in shapes), default=0)
+    copies = rows * widest * int(matmul.itemsize)
+    if copies:
+        notes.append(
+            f"bitsandbytes' 4-bit layers compute in {matmul.value} (bnb_4bit_compute_dtype): "
+            f"each casts its input to it and its output back, {copies:,} bytes at most"
+        )
+    return copies

@@ -82,6 +82,7 @@ def estimate_transformer(
     base_dtype: DType | None = None,
     new_tokens: int | None = None,
     kbit_prepare: bool = False,
+    bnb_compute_dtype: DType | None = None,
 ) -> MemoryEstimate:
     """`estimate` for a `TransformerSpec` (see `estimate` for the arguments).
 
@@ -194,6 +195,7 @@ def estimate_transformer(
             rows=None if training else batch_size * seq_len,
             decode_rows=None if new_tokens is None else batch_size,
             notes=notes,
+            matmul=bnb_compute_dtype,
         )
     if not training:
         found = inference_estimate(

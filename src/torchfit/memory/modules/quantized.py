@@ -175,12 +175,14 @@ def quantized_meta_pass(
     bitsandbytes_version: str | None,
     base_dtype: DType | None = None,
     kbit_prepare: bool = False,
+    bnb_compute_dtype: DType | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """`by_meta_pass` with the base in bitsandbytes ``weights`` (``options["dtype"]`` computes).
 
     ``base_dtype``: the dtype the 4-bit weights were quantized from (default: the compute
-    dtype), which bitsandbytes dequantizes them back to.
+    dtype), which bitsandbytes dequantizes them back to. ``bnb_compute_dtype``: the 4-bit
+    layers' own compute dtype in inference, where it is not the model's (`layer_copies`).
 
     ``kbit_prepare``: the base went through PEFT's ``prepare_model_for_kbit_training``
     (`torchfit.memory.analytic.kbit`): every unquantized parameter counts in fp32, and under
@@ -254,6 +256,7 @@ def quantized_meta_pass(
             rows=None if training else rows,
             decode_rows=None,
             notes=notes,
+            matmul=bnb_compute_dtype,
         )
         if not training:
             found = found.replace(activations=found.activations + copy)

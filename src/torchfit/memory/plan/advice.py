@@ -128,6 +128,15 @@ def _changes(settings: Settings, card: GPU) -> list[tuple[str, dict[str, Any], s
         options.append((policy, {"param_dtype": compute}, how))
     if training and _optimizer(step) in {"adam", "adamw"}:
         options.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, "bitsandbytes.optim.AdamW8bit"))
+    if step.bnb_compute_dtype is not None and step.bnb_compute_dtype != step.compute.value:
+        torch_name = "bfloat16" if step.compute is DType.BF16 else "float16"
+        options.append(
+            (
+                f"4-bit layers computing in {step.compute.value}",
+                {"bnb_compute_dtype": None},
+                f"BitsAndBytesConfig(bnb_4bit_compute_dtype=torch.{torch_name}); faster too",
+            )
+        )
     lora = all_linear_lora_parameters(settings) if step.seq_len is not None else None
     if not training and not quantized and step.seq_len is not None:
         options.append(

@@ -23,7 +23,7 @@ from torchfit._core.step import (
     parse_precision_name,
 )
 from torchfit._core.units import DType, parse_dtype
-from torchfit.memory.knobs import ESTIMATE_RULES, check_step
+from torchfit.memory import knobs
 from torchfit.memory.step.fields import merge_fields
 from torchfit.memory.step.lightning import lightning_fields
 from torchfit.memory.step.plain import plain, short_repr
@@ -107,6 +107,13 @@ class Step:
         kind="dtype",
         help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's); "
         "with 4-bit weights, the dtype they were quantized from (fp16 for Lightning Fabric)",
+    )
+    bnb_compute_dtype: str | DType | None = _field(
+        default=None,
+        flag="--bnb-compute-dtype",
+        kind="dtype",
+        help="inference on a 4-bit base: bitsandbytes' bnb_4bit_compute_dtype where it is not "
+        "the precision's (fp32, its default), which only the 4-bit layers compute in",
     )
     double_quant: bool = _field(
         default=True,
@@ -215,7 +222,7 @@ class Step:
                 f"{type(self.quantization).__name__}: pass a BitsAndBytesConfig as "
                 "Step.from_peft(quantization=config, ...) or Step.of(quantization=config, ...)"
             )
-        checks.fields(self, **{k: v for k, v in ESTIMATE_RULES.items() if k in FIELD_NAMES})
+        checks.fields(self, **{k: v for k, v in knobs.ESTIMATE_RULES.items() if k in FIELD_NAMES})
         set_ = object.__setattr__
         set_(self, "mode", parse_mode(self.mode).value)
         if self.device not in self._DEVICES:
@@ -233,11 +240,13 @@ class Step:
         if self.base_dtype is not None:
             set_(self, "base_dtype", parse_dtype(self.base_dtype).value)
         if self.precision is None:
-            set_(self, "precision", _default_precision(self))
+            set_(self, "precision", knobs.default_precision(self))
         elif self.precision != AUTO:
             set_(self, "precision", parse_precision_name(self.precision).value)
+        if self.bnb_compute_dtype is not None:
+            set_(self, "bnb_compute_dtype", knobs.bnb_compute_dtype_of(self))
         if self.precision != AUTO:
-            check_step(self)
+            knobs.check_step(self)
 
     # -- derived ---------------------------------------------------------------------------
 
@@ -272,7 +281,7 @@ class Step:
 
         ``kbit_prepare``, or its default: yes for a 4/8-bit base in a ``*-mixed`` step.
         """
-        return check_step(self)
+        return knobs.check_step(self)
 
     @property
     def wants_lora(self) -> bool:
@@ -382,7 +391,7 @@ class Step:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "precision":
-                if value != _default_precision(self):
+                if value != knobs.default_precision(self):
                     out[f.name] = value
             elif value != f.default:
                 out[f.name] = value
@@ -408,10 +417,3 @@ class Step:
 
 #: The names of `Step`'s fields.
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Step))
-
-
-def _default_precision(step: Step) -> str:
-    """What a step that names no precision runs in: fp32, or bf16 around a quantized base."""
-    if step.quantization is None:
-        return TrainingPrecision.FP32.value
-    return (TrainingPrecision.BF16_MIXED if step.training else TrainingPrecision.BF16_TRUE).value

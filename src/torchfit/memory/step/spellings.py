@@ -77,12 +77,18 @@ def read_spellings(keywords: dict[str, Any], names: frozenset[str]) -> dict[str,
             )
         fields["quantization"] = None if fmt is None else fmt.value
         return fields
+    training = parse_mode(fields.get("mode", "train")) is Mode.TRAIN
+    if bnb_compute is DType.FP32 and precision is None and not training and mixed is None:
+        # inference on a config that leaves bnb_4bit_compute_dtype at fp32: transformers
+        # loads the other modules in the checkpoint's dtype, and only the 4-bit layers
+        # compute in fp32 (Linear4bit casts the input to it, the output back)
+        fields.setdefault("bnb_compute_dtype", bnb_compute.value)
+        bnb_compute = None
     numerics = resolve_numerics(precision=precision, dtype=dtype, mixed_precision=mixed)
     numerics = with_compute(numerics, bnb_compute, precision=precision)
     quantized = numerics.weights.is_quantized
     fields["quantization"] = numerics.weights.value if quantized else None
     if precision is None:
-        training = parse_mode(fields.get("mode", "train")) is Mode.TRAIN
         autocast = numerics.mixed
         if autocast is None:
             autocast = training and numerics.compute.bits == 16
