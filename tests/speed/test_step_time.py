@@ -89,6 +89,16 @@ def test_cards_that_run_the_same_step_share_its_estimates(monkeypatch):
         ({"batch_size": 1, "device": "cpu"}, ValueError, r"Step\(device='cpu'\).*leave device"),
         ({"batch_size": 1, "optimizer": "adamx"}, ValueError, r"adamx"),
         ({"batch_size": 1, "seq_len": 4096}, ValueError, r"seq_len=4096 is beyond.*128"),
+        (
+            {
+                "batch_size": 1,
+                "mode": "inference",
+                "quantization": "nf4",
+                "bnb_compute_dtype": "fp32",
+            },
+            ValueError,
+            r"bnb_compute_dtype='fp32'\): the timing runs .* in the precision's dtype \(bf16\)",
+        ),
         ({"batch_size": 1, "input_shape": (3, 8, 8)}, ValueError, r"give seq_len= instead"),
         (
             {"batch_size": 1, "max_new_tokens": 4},

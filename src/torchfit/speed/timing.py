@@ -234,6 +234,13 @@ def _refuse_untimed(step: Step) -> None:
             "Step(frozen_base=True) without adapters: the timing needs to know what trains; "
             "give lora=LoraConfig(...) or lora_rank=..., or leave frozen_base out"
         )
+    if step.bnb_compute_dtype is not None:
+        raise ValueError(
+            f"Step(bnb_compute_dtype={step.bnb_compute_dtype!r}): the timing runs a 4-bit "
+            f"layer's matmul in the precision's dtype ({step.compute.value}), not in "
+            f"{step.bnb_compute_dtype}; leave bnb_compute_dtype out to time the step with "
+            "BitsAndBytesConfig(bnb_4bit_compute_dtype) set to it"
+        )
     if step.quantize_head:
         raise ValueError(
             "Step(quantize_head=True): the timing dequantizes the block Linears a 4/8-bit "
