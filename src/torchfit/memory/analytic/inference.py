@@ -57,7 +57,8 @@ def inference_estimate(
     transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
     logits = math.ceil(tokens * spec.vocab * e)
     # Alive through the decoder's blocks: the additive 4D mask eager attention builds
-    # (batch x 1 x s x s in the compute dtype) and RoPE's cos/sin tables.
+    # (batch x 1 x s x s in the compute dtype; BERT builds it when the attention_mask pads
+    # a position, as in a batch of unequal lengths, and none otherwise) and RoPE's tables.
     mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
     rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
     hidden = math.ceil(tokens * spec.hidden * e)
