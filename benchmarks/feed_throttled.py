@@ -22,14 +22,13 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from host_memory import Blocks
+from host_memory import Blocks, print_against
 from host_memory import _rate as loader_rate
 
 from torchfit._core.units import parse_bytes
@@ -97,16 +96,7 @@ def run(data: Path, blocks: int, cpu_ms: float) -> None:
             rows[num]["measured"].append(loader_rate(dataset, num, 32, batch_size=4))
     print(f"\nCPU {cpu_ms:g} ms a sample ({cost}); idle time credited, per round: "
           f"{', '.join(f'{c:.2f}' for c in given_back)}")  # fmt: skip
-    print("| workers | drive samples/s | measured credit samples/s | measured samples/s "
-          "| drive error | credit error | measured, every round |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for num, row in rows.items():
-        med = {key: statistics.median(values) for key, values in row.items()}
-        low, high = min(row["measured"]), max(row["measured"])
-        print(f"| {num} | {med['drive']:,.1f} | {med['credit']:,.1f} | {med['measured']:,.1f} "
-              f"| {med['drive'] / med['measured'] - 1:+.1%} "
-              f"| {med['credit'] / med['measured'] - 1:+.1%} | {low:,.1f}-{high:,.1f} |",
-              flush=True)  # fmt: skip
+    print_against(("drive", "credit"), rows, digits=1)
 
 
 def main() -> None:

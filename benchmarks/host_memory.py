@@ -396,16 +396,25 @@ def transfer() -> None:
               f"{', '.join(f'{u:.2f}' for u in usable)}; transfer per round:")  # fmt: skip
         for probe in probes:
             print(f"  {probe} (spread {probe.spread:.2f})")
-        print("| workers | before samples/s | after samples/s | measured samples/s | "
-              "before error | after error | measured, every round |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
-        for num in range(5):
-            med = {k: statistics.median(v[num]) for k, v in rows.items()}
-            low, high = min(rows["measured"][num]), max(rows["measured"][num])
-            print(f"| {num} | {med['before']:,.0f} | {med['after']:,.0f} | {med['measured']:,.0f}"
-                  f" | {med['before'] / med['measured'] - 1:+.1%} "
-                  f"| {med['after'] / med['measured'] - 1:+.1%} | {low:,.0f}-{high:,.0f} |",
-                  flush=True)  # fmt: skip
+        print_against(("before", "after"), {n: {k: rows[k][n] for k in kinds} for n in range(5)})
+
+
+def print_against(
+    names: tuple[str, str], rows: dict[int, dict[str, list[float]]], *, digits: int = 0
+) -> None:
+    """Two predictions of samples/s against the measured, per worker count: medians of the
+    rounds, and every round's measurement."""
+    first, second = names
+    print(f"| workers | {first} samples/s | {second} samples/s | measured samples/s | "
+          f"{first} error | {second} error | measured, every round |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    form = f",.{digits}f"
+    for num, row in rows.items():
+        med = {key: statistics.median(values) for key, values in row.items()}
+        low, high, measured = min(row["measured"]), max(row["measured"]), med["measured"]
+        print(f"| {num} | {med[first]:{form}} | {med[second]:{form}} | {measured:{form}} "
+              f"| {med[first] / measured - 1:+.1%} | {med[second] / measured - 1:+.1%} "
+              f"| {low:{form}}-{high:{form}} |", flush=True)  # fmt: skip
 
 
 def main() -> None:
