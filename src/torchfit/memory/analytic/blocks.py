@@ -321,15 +321,19 @@ def mlp_backward_width(spec: TransformerSpec) -> float:
     return float(_SAVED_BY_ACTIVATION.get(spec.activation, 1) * spec.intermediate)
 
 
-def inference_transient(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> float:
+def inference_transient(
+    spec: TransformerSpec, seq_len: int, s: BlockSettings, *, batch_size: int = 1
+) -> float:
     """Largest set of tensors alive at once inside one block at inference, per token."""
     e, h, i = s.dtype.itemsize, spec.hidden, spec.intermediate
     core = _attention_per_token(spec, seq_len, dataclasses.replace(s, training=False), dropout=0.0)
     # Kept by the model's forward for its whole duration (measured with the tracer,
-    # transformers 5.25): GPT-2 holds the token and position embeddings and their sum,
-    # Llama the input embeddings; BERT's embedding module returns its LayerNorm's output
-    # alone (a 1-layer BERT at 128 tokens: 2 s^2 + 4.1 h per token at its attention peak).
-    embeddings = {Family.LLAMA: 1, Family.BERT: 0}.get(spec.family, 3) * h * e
+    # transformers 5.25): GPT-2 holds its token embeddings and its position embeddings (one
+    # row of positions for the batch) as locals, Llama the input embeddings; BERT's
+    # embedding module returns its LayerNorm's output alone (a 1-layer BERT at 128 tokens:
+    # 2 s^2 + 4.1 h per token at its attention peak).
+    held = {Family.LLAMA: 1.0, Family.BERT: 0.0}.get(spec.family, 1 + 1 / batch_size)
+    embeddings = held * h * e
     attention_phase = 2 * h * e + 3 * h * e + core  # residual, normed, q/k/v, core
     if spec.family is Family.LLAMA:
         mlp_width = 3 * i * e  # gate, up, act(gate) before the product

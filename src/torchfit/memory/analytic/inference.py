@@ -21,10 +21,12 @@ from torchfit.memory.result import MemoryEstimate
 __all__ = ["inference_estimate"]
 
 
-def _inference_transient(spec: TransformerSpec, seq_len: int, settings: BlockSettings) -> float:
+def _inference_transient(
+    spec: TransformerSpec, seq_len: int, settings: BlockSettings, batch_size: int
+) -> float:
     if spec.moe is not None:
         return moe_inference_transient(spec, seq_len, settings)
-    return inference_transient(spec, seq_len, settings)
+    return inference_transient(spec, seq_len, settings, batch_size=batch_size)
 
 
 def inference_estimate(
@@ -54,7 +56,7 @@ def inference_estimate(
     kv = kv if cache else 0
     if cache:
         notes.append("inference returns the KV cache of every layer")
-    transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings))
+    transient = math.ceil(tokens * _inference_transient(spec, seq_len, settings, batch_size))
     logits = math.ceil(tokens * spec.vocab * e)
     # Alive through the decoder's blocks: the additive 4D mask eager attention builds
     # (batch x 1 x s x s in the compute dtype; BERT builds it when the attention_mask pads

@@ -198,7 +198,7 @@ def runtime_figures(
     settings = BlockSettings(
         dtype=compute, attention=parse_attention(attn), device="cuda", training=False
     )
-    transient = math.ceil(tokens * inference_transient(spec, seq, settings))
+    transient = math.ceil(tokens * inference_transient(spec, seq, settings, batch_size=batch))
     e = compute.itemsize
     head = math.ceil(tokens * spec.vocab * e) + math.ceil(tokens * spec.hidden * e)
     if max(transient, head) != whole.activations:  # pragma: no cover - kept in step by a test
