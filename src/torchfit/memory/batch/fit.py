@@ -21,7 +21,7 @@ from torchfit._core.bisection import largest_fitting, last_true
 from torchfit._core.rng import kept_rng
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["Line", "evaluate", "fit_sizes", "solve_callable", "total"]
+__all__ = ["Line", "evaluate", "fit_sizes", "secant_guess", "solve_callable", "total"]
 
 # A batch above this means the prediction never reaches the budget (a bug in predict).
 _NEVER = 2**40
@@ -156,6 +156,50 @@ def _straddling(totals: dict[int, int], usable: int) -> list[tuple[int, int]]:
     return sorted(totals.items())[-2:]
 
 
+def secant_guess(
+    at: Callable[[int], int],
+    budget: int,
+    totals: dict[int, int],
+    *,
+    lower: int,
+    upper: int,
+    refits: int,
+    done: Callable[[int], bool],
+) -> int | None:
+    """Where the bytes ``at`` a size meet ``budget``, by lines through the sizes asked.
+
+    The line goes through the largest size within the budget and the smallest above it
+    (regula falsi), or the two largest while none is above; its answer, kept in
+    ``[lower, upper]``, is asked (``at`` adds it to ``totals``) and the line drawn again,
+    up to ``refits`` times, until ``done(guess)``, a guess repeats, or it is a size
+    already asked. ``None`` when the first line does not rise; the last guess when a
+    later one does not.
+
+    Example:
+        >>> bends = lambda b: 1000 + b + max(b - 50, 0) * 10  # 11 bytes a size beyond 50
+        >>> totals = {1: bends(1), 2: bends(2)}
+        >>> def at(b):
+        ...     totals[b] = bends(b)
+        ...     return totals[b]
+        >>> near = lambda b: (last := list(totals)[-1]) // 2 <= b <= 2 * last  # asked last
+        >>> secant_guess(at, 2000, totals, lower=1, upper=1 << 20, refits=3, done=near)
+        136
+        >>> list(totals)
+        [1, 2, 1000, 96]
+    """
+    guess = None
+    for _ in range(refits + 1):
+        line = Line.through(*_straddling(totals, budget))
+        if line.per_sample <= 0:
+            return guess
+        found = min(max(line.solve(budget), lower), upper)
+        if found == guess or found in totals or done(found):
+            return found
+        guess = found
+        at(guess)
+    return guess
+
+
 def solve_callable(
     predict: Callable[[int], MemoryEstimate], usable: int, sizes: list[int] | None
 ) -> tuple[int, Line]:
@@ -185,8 +229,6 @@ def _solve_line(
 ) -> int:
     """The largest batch within ``usable`` from the fitted line, checked and refined."""
     first = line.fitted_from[0]
-    # A peak set by a batch-independent phase at small batches is flat there: no slope.
-    guess = max(line.solve(usable), first) if line.per_sample > 0 else first + 1
     totals: dict[int, int] = dict(zip(line.fitted_from, fitted, strict=True))
 
     def at(batch_size: int) -> int:
@@ -194,16 +236,13 @@ def _solve_line(
             totals[batch_size] = total(predict, batch_size)
         return totals[batch_size]
 
-    for _ in range(_SECANTS):  # memory that is not affine: the line across the budget
-        if at(guess) <= usable < at(guess + 1):
-            return guess
-        across = Line.through(*_straddling(totals, usable))
-        if across.per_sample <= 0:
-            break
-        refined = across.solve(usable)
-        if refined == guess or refined < first:
-            break
-        guess = min(refined, _NEVER)
+    # memory that is not affine: the line across the budget, until a size is the answer
+    guess = secant_guess(
+        at, usable, totals, lower=first, upper=_NEVER, refits=_SECANTS,
+        done=lambda b: at(b) <= usable < at(b + 1),
+    )  # fmt: skip
+    # a peak set by a batch-independent phase at small batches is flat there: no slope
+    guess = first + 1 if guess is None else guess
     # then from the last guess out by 1, 2, 4... and bisection (n counts from `first`)
     found = largest_fitting(lambda n: at(first - 1 + n) <= usable, _NEVER, guess=guess - first + 1)
     if found == _NEVER:

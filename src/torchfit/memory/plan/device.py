@@ -15,7 +15,7 @@ from typing import Any
 
 from torchfit._core.units import format_bytes
 from torchfit.memory.allocator import to_device
-from torchfit.memory.batch.fit import Line
+from torchfit.memory.batch.fit import Line, secant_guess
 from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.plan.settings import Settings
@@ -152,18 +152,17 @@ def line_guess(
     second = 2 * first if 2 * first <= upper else first // 2
     if second < 1 or second == first:
         return None
-    points = [(first, total_at(first)), (second, total_at(second))]
-    guess = None
-    for _ in range(refits + 1):
-        line = Line.through(points[-2], points[-1])
-        if line.per_sample <= 0:
-            return guess
-        guess = min(max(line.solve(budget), 1), upper)
-        last = points[-1][0]
-        if last // 2 <= guess <= 2 * last or guess in (p[0] for p in points):
-            return guess
-        points.append((guess, total_at(guess)))
-    return guess
+    totals = {first: total_at(first), second: total_at(second)}
+
+    def at(size: int) -> int:
+        totals[size] = total_at(size)
+        return totals[size]
+
+    def near(guess: int) -> bool:  # next to the size asked last: the check takes it from here
+        last = next(reversed(totals))
+        return last // 2 <= guess <= 2 * last
+
+    return secant_guess(at, budget, totals, lower=1, upper=upper, refits=refits, done=near)
 
 
 def redrawn_guess(
