@@ -71,12 +71,13 @@ class DiskSpeed:
             empty for a speed from a spec sheet.
         spread: The widest disagreement between rounds: ``(max - min) / median``.
         order: The read order measured (`ReadOrder`).
-        idle_credit: Share of a reader's idle time the disk gives back off its next read,
-            0 to 1: 0 for a drive that serves at its own pace, 1 for a set rate (a cloud
-            volume's provisioned throughput, Linux's ``blk-throttle``) that lets a read
-            through at once after the reader idled as long as the read takes. Measured by
-            `measure_disk`: one reader that idles one and a half reads' time between reads;
-            the model takes ``idle_credit * cpu`` off each read.
+        idle_credit: Share of a read the disk takes off after its reader idled, 0 to 1
+            (`idle_credit`): 0 for a drive that serves at its own pace, 1 for a set rate
+            (a cloud volume's provisioned throughput, Linux's ``blk-throttle``) that lets
+            a read through at once after the reader idled as long as the read takes.
+            Measured by `measure_disk` with one reader that idles one and a half reads'
+            time between reads; `Feed.throughput` takes ``idle_credit * cpu`` off each
+            read.
 
     Example:
         >>> speed = DiskSpeed(path="/data", sequential=2e9, random=2e8, parallel=8e8,
@@ -351,9 +352,9 @@ def _rounds(
     rounds: int,
     owned: bool,
 ) -> tuple[list[list[float]], list[float]]:
-    """Per test (sequential, then 1..threads readers), its rate in every round.
+    """The rates of every round, and each round's `idle_credit`.
 
-    And each round's `idle_credit`.
+    Rates per test: sequential, then 1..threads readers.
     """
     front = _Blocks(target, total, _SEQUENTIAL_BLOCK, ReadOrder.SEQUENTIAL, owned=owned)
     blocks = _Blocks(target, total, chunk, order, owned=owned)
