@@ -89,16 +89,6 @@ def test_cards_that_run_the_same_step_share_its_estimates(monkeypatch):
         ({"batch_size": 1, "device": "cpu"}, ValueError, r"Step\(device='cpu'\).*leave device"),
         ({"batch_size": 1, "optimizer": "adamx"}, ValueError, r"adamx"),
         ({"batch_size": 1, "seq_len": 4096}, ValueError, r"seq_len=4096 is beyond.*128"),
-        (
-            {
-                "batch_size": 1,
-                "mode": "inference",
-                "quantization": "nf4",
-                "bnb_compute_dtype": "fp32",
-            },
-            ValueError,
-            r"bnb_compute_dtype='fp32'\): the timing runs .* in the precision's dtype \(bf16\)",
-        ),
         ({"batch_size": 1, "input_shape": (3, 8, 8)}, ValueError, r"give seq_len= instead"),
         (
             {"batch_size": 1, "max_new_tokens": 4},
@@ -145,6 +135,22 @@ def test_quantized_base_adds_dequantization_kernels():
     assert "dequant" not in {r.kind for r in plain.breakdown}
     assert {r.phase for r in qlora.breakdown if r.kind == "dequant"} == {"forward", "backward"}
     assert torch.float32  # the module stays importable with torch alone
+
+
+def test_4_bit_layers_computing_in_fp32_run_fp32_matmuls_and_the_casts():
+    """BitsAndBytesConfig's default compute dtype on a bf16 model: each 4-bit layer casts its
+    input to fp32, multiplies in fp32 (no tensor cores without TF32) and casts back."""
+    step = Step(batch_size=2, seq_len=64, mode="inference", quantization="nf4")
+    bf16 = step_time(TINY, "H100", step)
+    fp32 = step_time(TINY, "H100", step.replace(bnb_compute_dtype="fp32"))
+
+    def total(timed, kind, field):
+        return sum(getattr(r, field) for r in timed.breakdown if r.kind == kind)
+
+    assert total(fp32, "memory", "kernels") > total(bf16, "memory", "kernels")  # the casts
+    assert total(fp32, "matmul", "seconds") > total(bf16, "matmul", "seconds")
+    assert total(fp32, "dequant", "bytes") > total(bf16, "dequant", "bytes")  # fp32 copies
+    assert any("compute in fp32 (bnb_4bit_compute_dtype)" in n for n in fp32.notes)
 
 
 def test_qlora_holds_quantized_weights_in_compute_dtype_and_the_rest_in_fp32():

@@ -196,8 +196,9 @@ def step_time(
         checkpointing=chosen.gradient_checkpointing,
         channels_last=channels_last,
     )
+    matmul = None if chosen.bnb_compute_dtype is None else parse_dtype(chosen.bnb_compute_dtype)
     if weights.is_quantized:  # dequantized, the 4/8-bit weights are compute-dtype tensors
-        hold_quantized_in(built.module, _torch_dtype(compute))
+        hold_quantized_in(built.module, _torch_dtype(matmul or compute))
     if chosen.wants_lora or (weights.is_quantized and train):
         add_lora(built, _lora_config(chosen, built.config))
     opt = parse_optimizer(chosen.optimizer) if train and chosen.optimizer is not None else None
@@ -214,6 +215,7 @@ def step_time(
         batch_size=chosen.batch_size,
         new_tokens=chosen.max_new_tokens,
         grad_scaler=train and mixed and compute is DType.FP16,
+        matmul=None if matmul is None else _torch_dtype(matmul),
     )
     work = Workload(**{**work.__dict__, "notes": _notes(chosen) + work.notes})
     return time_workload(
@@ -234,13 +236,6 @@ def _refuse_untimed(step: Step) -> None:
             "Step(frozen_base=True) without adapters: the timing needs to know what trains; "
             "give lora=LoraConfig(...) or lora_rank=..., or leave frozen_base out"
         )
-    if step.bnb_compute_dtype is not None:
-        raise ValueError(
-            f"Step(bnb_compute_dtype={step.bnb_compute_dtype!r}): the timing runs a 4-bit "
-            f"layer's matmul in the precision's dtype ({step.compute.value}), not in "
-            f"{step.bnb_compute_dtype}; leave bnb_compute_dtype out to time the step with "
-            "BitsAndBytesConfig(bnb_4bit_compute_dtype) set to it"
-        )
     if step.quantize_head:
         raise ValueError(
             "Step(quantize_head=True): the timing dequantizes the block Linears a 4/8-bit "
@@ -258,6 +253,14 @@ def _notes(step: Step) -> tuple[str, ...]:
             f"{step.mode}, attention {step.attn_implementation})"
         ),
     )
+    if step.bnb_compute_dtype:
+        notes += (
+            (
+                f"4-bit layers compute in {step.bnb_compute_dtype} (bnb_4bit_compute_dtype): "
+                "their input cast to it, their weight dequantized into it, their matmul in "
+                "it, their output cast back"
+            ),
+        )
     if step.loss_chunk_size:
         notes += (
             (

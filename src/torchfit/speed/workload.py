@@ -122,8 +122,12 @@ def hold_quantized_in(module: nn.Module, dtype: torch.dtype) -> None:
         linear.weight.data = linear.weight.data.to(dtype)
 
 
-def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> list[Any]:
-    per_weight = _DEQUANT_BYTES[weights]
+def _dequant_hooks(
+    module: nn.Module, recorder: OpRecorder, weights: DType, matmul: torch.dtype | None
+) -> list[Any]:
+    # dequantized into a wider compute dtype, the copy written is that much wider
+    wider = 0.0 if matmul is None else max(torch.finfo(matmul).bits // 8 - 2, 0)
+    per_weight = _DEQUANT_BYTES[weights] + wider
     handles = []
     for linear in _quantized_linears(module):
         moved = float(linear.weight.numel() * per_weight)  # type: ignore[operator]
@@ -134,6 +138,30 @@ def _dequant_hooks(module: nn.Module, recorder: OpRecorder, weights: DType) -> l
         handles.append(linear.register_forward_pre_hook(dequantize))
         handles.append(linear.register_full_backward_pre_hook(dequantize))
         handles += _cast_back_hooks(linear, recorder)
+    return handles
+
+
+def _own_compute_hooks(module: nn.Module, matmul: torch.dtype) -> list[Any]:
+    """A 4-bit layer computing in ``matmul`` on a model held in another dtype.
+
+    ``Linear4bit.forward`` casts its input to ``bnb_4bit_compute_dtype``, multiplies by the
+    weight dequantized into it and casts the output back to the input's dtype
+    (bitsandbytes/nn/modules.py): the casts and the matmul run on the fake step, so they
+    are recorded as the kernels they are.
+    """
+    original: dict[int, torch.dtype] = {}
+
+    def cast_in(layer: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        original[id(layer)] = args[0].dtype
+        return (args[0].to(matmul), *args[1:])
+
+    def cast_back(layer: nn.Module, _: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        return out.to(original.pop(id(layer), out.dtype))
+
+    handles = []
+    for linear in _quantized_linears(module):
+        handles.append(linear.register_forward_pre_hook(cast_in))
+        handles.append(linear.register_forward_hook(cast_back))
     return handles
 
 
@@ -173,13 +201,16 @@ def _run(
     autocast: torch.dtype | None,
     weights: DType,
     new_tokens: int | None,
+    matmul: torch.dtype | None = None,
 ) -> tuple[list[Op], nn.Module]:
     fake_mode = new_fake_mode()
     module, inputs = copy_to_fake((built.module, built.inputs), fake_mode)
     module.train(train)
     recorder = OpRecorder()
     recorder.own_masks = built.causal
-    handles = _dequant_hooks(module, recorder, weights) if weights.is_quantized else []
+    handles = _dequant_hooks(module, recorder, weights, matmul) if weights.is_quantized else []
+    if matmul is not None:
+        handles += _own_compute_hooks(module, matmul)
     try:
         with fake_mode, recorder:
             if new_tokens:
@@ -246,10 +277,20 @@ def record_workload(
     batch_size: int,
     new_tokens: int | None = None,
     grad_scaler: bool = False,
+    matmul: torch.dtype | None = None,
 ) -> Workload:
-    """Record one optimizer step of ``built`` (see the module notes)."""
+    """Record one optimizer step of ``built`` (see the module notes).
+
+    ``matmul``: the 4-bit layers' own compute dtype where it is not the model's
+    (bitsandbytes' ``bnb_4bit_compute_dtype``; their weights already held in it).
+    """
     ops, module = _run(
-        built, train=train, autocast=autocast, weights=weights, new_tokens=new_tokens
+        built,
+        train=train,
+        autocast=autocast,
+        weights=weights,
+        new_tokens=new_tokens,
+        matmul=matmul,
     )
     ops = [op.times(accumulation) for op in ops] if accumulation > 1 else ops
     trainable = [p for p in module.parameters() if p.requires_grad]
