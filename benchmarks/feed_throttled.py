@@ -28,8 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from host_memory import Blocks, print_against
-from host_memory import _rate as loader_rate
+from host_memory import Blocks, loader_rate, print_against
 
 from torchfit._core.units import parse_bytes
 from torchfit.host import SampleCost, feed_needs, measure_disk, read_bytes_per_sample

@@ -232,7 +232,8 @@ class Blocks(Dataset):
         return torch.frombuffer(bytearray(buffer[:64]), dtype=torch.uint8)
 
 
-def _rate(dataset: Dataset, num: int, batches: int, batch_size: int = 16) -> float:
+def loader_rate(dataset: Dataset, num: int, batches: int, batch_size: int = 16) -> float:
+    """Samples/s of a plain DataLoader with ``num`` workers, after its start-up batches."""
     if isinstance(dataset, Blocks):  # blocks no run read lately (a VM host caches them)
         dataset.start += (max(num, 1) * 2 + batches) * batch_size * 3
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num)
@@ -301,7 +302,7 @@ def feed(root: Path) -> None:
         for num in range(5):
             limit = max(usable[-1], 1.0) / plan.cost.cpu_seconds
             predicted[num].append(min(plan.throughput(num), limit))
-            measured[num].append(_rate(decode, num, 40))
+            measured[num].append(loader_rate(decode, num, 40))
     _feed_table(f"{cores} cores in the affinity mask; the scheduler gave "
                 f"{', '.join(f'{u:.2f}' for u in usable)} in the rounds. {plan.cost}")  # fmt: skip
     for num in range(5):
@@ -329,7 +330,7 @@ def feed(root: Path) -> None:
         # host's read-ahead?): each round starts the worker counts at another one
         for num in (*range(len(probes) % 5, 5), *range(len(probes) % 5)):
             predicted[num].append(plan.throughput(num))
-            measured[num].append(_rate(dataset, num, 40))
+            measured[num].append(loader_rate(dataset, num, 40))
     curves = "; ".join(", ".join(f"{rate / 2**30:.2f}" for rate in probe.curve) for probe in probes)
     _feed_table(f"Disk probe, GiB/s at 1-4 readers, per round: {curves}. {cost}")
     for num in range(5):
@@ -373,7 +374,7 @@ def transfer() -> None:
             usable.append(effective_cores(0.5))
             probes.append(measure_transfer(sample_bytes=size, batch_size=16))
             # the main-process cost drifts 2x on this machine: measure it in the round
-            alone = _rate(dataset, 0, 24)
+            alone = loader_rate(dataset, 0, 24)
             load = report.cpu_load or 1.0
             before_cost = SampleCost.from_rate(alone, cpu_load=load)
             after_cost = SampleCost.from_rate(alone, cpu_load=load, out_bytes=out)
@@ -388,7 +389,7 @@ def transfer() -> None:
                 rows["after"][num].append(
                     min(after.throughput(num), given / (cpu + extra + receive))
                 )
-                rows["measured"][num].append(_rate(dataset, num, 24))
+                rows["measured"][num].append(loader_rate(dataset, num, 24))
             for kind in kinds:
                 rows[kind][0].append(alone)
         print(f"\n{size // MiB} MiB samples, batch 16; cpu_load {report.cpu_load}; out "

@@ -201,24 +201,29 @@ class _Blocks:
             return taken
 
 
-def _reader(blocks: _Blocks, block: int, batch: int, deadline: float, done: list[int]) -> None:
+@contextlib.contextmanager
+def _reading(blocks: _Blocks, block: int) -> Iterator[tuple[int, mmap.mmap]]:
+    """One reader's file descriptor and page-aligned buffer (as O_DIRECT needs), closed after."""
     fd, _ = _open(blocks.path, owned=blocks.owned)
-    buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+    buffer = mmap.mmap(-1, block)
     try:
-        while time.perf_counter() < deadline:
-            done.extend(os.preadv(fd, [buffer], offset) for offset in blocks.take(batch))
+        yield fd, buffer
     finally:
         os.close(fd)
         buffer.close()
 
 
+def _reader(blocks: _Blocks, block: int, batch: int, deadline: float, done: list[int]) -> None:
+    with _reading(blocks, block) as (fd, buffer):
+        while time.perf_counter() < deadline:
+            done.extend(os.preadv(fd, [buffer], offset) for offset in blocks.take(batch))
+
+
 def _read_time_after_idling(blocks: _Blocks, block: int, idle: float, seconds: float) -> float:
     """Mean seconds of one read by a lone reader that idles ``idle`` seconds before each."""
-    fd, _ = _open(blocks.path, owned=blocks.owned)
-    buffer = mmap.mmap(-1, block)
     reading, reads = 0.0, 0
     deadline = time.perf_counter() + seconds
-    try:
+    with _reading(blocks, block) as (fd, buffer):
         while time.perf_counter() < deadline or not reads:
             time.sleep(idle)
             (offset,) = blocks.take(1)
@@ -226,9 +231,6 @@ def _read_time_after_idling(blocks: _Blocks, block: int, idle: float, seconds: f
             os.preadv(fd, [buffer], offset)
             reading += time.perf_counter() - begin
             reads += 1
-    finally:
-        os.close(fd)
-        buffer.close()
     return reading / reads
 
 

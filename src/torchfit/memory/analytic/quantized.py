@@ -185,9 +185,12 @@ def dequantized_transient(
         per_weight = dequantized_bytes_per_weight(
             source=source, compute=compute, rows=rows, version=version
         )
-        two = per_weight > compute.itemsize  # else straight into the compute dtype
-        via = f" (to {source.value}, then a {compute.value} copy)" if two else ""
-        via = via or ("" if source is compute else f" (into {compute.value})")
+        if per_weight > compute.itemsize:  # two copies alive
+            via = f" (to {source.value}, then a {compute.value} copy)"
+        elif source is not compute:  # straight into the compute dtype
+            via = f" (into {compute.value})"
+        else:
+            via = ""
         notes.append(
             f"bitsandbytes dequantizes one 4-bit weight at a time for its matmul{via}: "
             f"{copy:,} bytes at most"
@@ -264,18 +267,19 @@ def bitsandbytes_transients(
     loading = quantize_on_load_bytes(shapes, weights, bitsandbytes_version=version)
     if weights.bits != 4:
         return loading, 0, 0
-    if matmul is not None and matmul is not compute:
+    own = None if matmul is compute else matmul
+    if own is not None:
         # the weights were quantized from the dtype the model was loaded in (``compute``)
-        base, compute = base or compute, matmul
+        base, compute = base or compute, own
     common: dict[str, Any] = {"base": base, "version": version}
     dequantized = dequantized_transient(shapes, compute, rows=rows, notes=notes, **common)
     decoding = 0
     if decode_rows is not None:
         decoding = dequantized_transient(shapes, compute, rows=decode_rows, notes=[], **common)
-    if matmul is not None and rows is not None:
-        dequantized += layer_copies(shapes, matmul, rows=rows, notes=notes)
+    if own is not None and rows is not None:
+        dequantized += layer_copies(shapes, own, rows=rows, notes=notes)
         if decode_rows is not None:
-            decoding += layer_copies(shapes, matmul, rows=decode_rows, notes=[])
+            decoding += layer_copies(shapes, own, rows=decode_rows, notes=[])
     return loading, dequantized, decoding
 
 
