@@ -157,6 +157,39 @@ def test_bnb_compute_dtype_is_refused_where_it_means_nothing(fields, message):
         Step(**{"bnb_compute_dtype": "fp32", **fields})
 
 
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ("fp33", ValueError, r"Step\.bnb_compute_dtype='fp33': unknown dtype"),
+        (float("nan"), TypeError, r"Step\.bnb_compute_dtype=nan: a dtype must be a string"),
+        (-1, TypeError, r"Step\.bnb_compute_dtype=-1: a dtype must be a string"),
+        ("", ValueError, r"Step\.bnb_compute_dtype='': unknown dtype ''"),
+    ],
+)
+def test_a_bad_bnb_compute_dtype_is_named(value, error, message):
+    with pytest.raises(error, match=message):
+        Step(quantization="nf4", mode="inference", bnb_compute_dtype=value)
+
+
+def test_the_meta_pass_counts_the_fp32_layers_as_the_closed_form_does():
+    """A family without a closed form (Falcon) reads bnb_compute_dtype the same way."""
+    config = transformers.FalconConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000,
+        new_decoder_architecture=False, multi_query=True,
+    )  # fmt: skip
+    found = {
+        dtype: estimate(
+            config, quantization="nf4", bnb_compute_dtype=dtype, device="cuda", **INFERENCE
+        )
+        for dtype in (None, "fp32")
+    }
+    assert found["fp32"].weights == found[None].weights
+    rows, widest = 2 * 64, 4 * 128 + 128  # the MLP's up projection: 512 out, 128 in
+    largest = 4 * 128 * 128
+    added = largest * (4 - 2) + rows * widest * 4  # dequantized into fp32, the fp32 copies
+    assert found["fp32"].total - found[None].total == added
+
+
 def test_a_bnb_compute_dtype_equal_to_the_precisions_is_dropped():
     step = Step(quantization="nf4", mode="inference", precision="32-true", bnb_compute_dtype="fp32")
     assert step.bnb_compute_dtype is None

@@ -68,6 +68,7 @@ ESTIMATE_RULES: dict[str, checks.Rule] = {
     "lora_dropout": checks.number(at_least=0, below=1),
     "bitsandbytes_version": checks.parsed(keeps_4bit_input),
     "base_dtype": checks.parsed(parse_base_dtype, kinds=(str,)),
+    "bnb_compute_dtype": checks.parsed(parse_dtype, kinds=(str,)),
 }
 
 
