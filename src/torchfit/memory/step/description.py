@@ -1,4 +1,4 @@
-# ruff: noqa: RUF009 - _field is dataclasses.field with the flag and help as metadata
+# ruff: noqa: RUF009 - step_field is dataclasses.field with the flag and help as metadata
 """`Step`: one training or inference step, described once, checked where it is made.
 
 Precision has one vocabulary, Lightning's (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``,
@@ -24,18 +24,14 @@ from torchfit._core.step import (
 )
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory import knobs
-from torchfit.memory.step.fields import merge_fields
+from torchfit.memory.step.fields import made_from, step_field
 from torchfit.memory.step.lightning import lightning_fields
 from torchfit.memory.step.plain import plain, short_repr
+from torchfit.memory.step.recipes import recipe_fields
 from torchfit.memory.step.spellings import AUTO, read_spellings
 from torchfit.memory.step.training_arguments import training_arguments_fields
 
 __all__ = ["AUTO", "FIELD_NAMES", "Step"]
-
-
-def _field(*, default: Any, help: str, flag: str | None = None, kind: str = "") -> Any:  # noqa: A002
-    """A `Step` field with its command-line flag (None: not a flag) and help."""
-    return dataclasses.field(default=default, metadata={"flag": flag, "help": help, "kind": kind})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,9 +39,10 @@ class Step:
     """One training or inference step: what decides its memory, checked once.
 
     Build one with keywords (``Step(batch_size=8, seq_len=2048, precision="bf16-mixed")``),
-    from a ``peft.LoraConfig`` and a ``BitsAndBytesConfig`` (`Step.from_peft`), or from
-    `estimate`'s keyword spellings (`Step.of`). Change one with `replace`. Pass it to
-    `torchfit.estimate`.
+    from a ``peft.LoraConfig`` and a ``BitsAndBytesConfig`` (`Step.from_peft`), a
+    framework's settings (`Step.from_training_arguments`, `from_lightning`, `from_recipe`
+    for torchtune and LitGPT), or `estimate`'s keyword spellings (`Step.of`). Change one
+    with `replace`. Pass it to `torchfit.estimate`.
 
     Example:
         >>> step = Step(batch_size=4, seq_len=2048, quantization="nf4", lora_rank=16,
@@ -61,152 +58,152 @@ class Step:
     """
 
     # what one step processes
-    batch_size: int = _field(
+    batch_size: int = step_field(
         default=1, flag="--batch", kind="count", help="samples per step (default 1)"
     )
-    seq_len: int | None = _field(
+    seq_len: int | None = step_field(
         default=None,
         flag="--seq",
         kind="count",
         help="tokens per sample (default: the model's maximum; a line on stderr says so)",
     )
-    input_shape: tuple[int, ...] | None = _field(
+    input_shape: tuple[int, ...] | None = step_field(
         default=None,
         flag="--input-shape",
         kind="shape",
         help="one sample of a vision model, e.g. 3,380,380 (default: the config's image)",
     )
-    mode: str = _field(
+    mode: str = step_field(
         default="train", kind="mode", help="train (forward, backward, optimizer step) or inference"
     )
-    max_new_tokens: int | None = _field(
+    max_new_tokens: int | None = step_field(
         default=None,
         flag="--new-tokens",
         kind="count",
         help="with --inference: generate N tokens after the --seq prompt (model.generate)",
     )
-    use_cache: bool | None = _field(
+    use_cache: bool | None = step_field(
         default=None, help="inference returns a KV cache (transformers' default for decoders)"
     )
     # the numbers
-    precision: str | None = _field(
+    precision: str | None = step_field(
         default=None,
         flag="--precision",
         kind="precision",
         help="Lightning's names: 32-true, 16-mixed, bf16-mixed, 16-true, bf16-true, or auto "
         "(the card's 16-bit mixed precision)",
     )
-    quantization: str | DType | None = _field(
+    quantization: str | DType | None = step_field(
         default=None,
         kind="quantization",
         help="a bitsandbytes base: nf4, fp4, int4 or int8 (or a BitsAndBytesConfig)",
     )
-    base_dtype: str | DType | None = _field(
+    base_dtype: str | DType | None = step_field(
         default=None,
         flag="--base-dtype",
         kind="dtype",
         help="a frozen LoRA base's dtype under mixed precision (default: the checkpoint's); "
         "with 4-bit weights, the dtype they were quantized from (fp16 for Lightning Fabric)",
     )
-    bnb_compute_dtype: str | DType | None = _field(
+    bnb_compute_dtype: str | DType | None = step_field(
         default=None,
         flag="--bnb-compute-dtype",
         kind="dtype",
         help="inference on a 4-bit base: bitsandbytes' bnb_4bit_compute_dtype where it is not "
         "the precision's (fp32, its default), which only the 4-bit layers compute in",
     )
-    double_quant: bool = _field(
+    double_quant: bool = step_field(
         default=True,
         flag="--no-double-quant",
         help="4-bit weights without double quantization (one fp32 absmax per 64 weights)",
     )
-    quantize_head: bool = _field(
+    quantize_head: bool = step_field(
         default=False,
         flag="--quantize-head",
         help="with --dtype nf4/int8: the output head quantized too (kept 16-bit by default)",
     )
-    bitsandbytes_version: str | None = _field(
+    bitsandbytes_version: str | None = step_field(
         default=None,
         flag="--bitsandbytes-version",
         kind="bitsandbytes_version",
         help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
     )
-    kbit_prepare: bool | None = _field(
+    kbit_prepare: bool | None = step_field(
         default=None,
         flag="--no-kbit-prepare",
         help="a 4/8-bit base trained without peft.prepare_model_for_kbit_training (its "
         "embeddings, norms and head stay 16-bit)",
     )
     # the training loop
-    optimizer: Any = _field(
+    optimizer: Any = step_field(
         default="adamw",
         flag="--optimizer",
         kind="optimizer",
         help="sgd, sgd-momentum, adam, adamw, adamw-8bit, paged-adamw-8bit, paged-adamw, "
         "lion, adafactor",
     )
-    gradient_checkpointing: bool = _field(
+    gradient_checkpointing: bool = step_field(
         default=False, flag="--checkpointing", help="gradient checkpointing"
     )
-    gradient_accumulation_steps: int = _field(
+    gradient_accumulation_steps: int = step_field(
         default=1,
         flag="--accumulate",
         kind="count",
         help="gradient accumulation steps (--batch is one micro-batch); gradients stay alive",
     )
-    set_to_none: bool = _field(
+    set_to_none: bool = step_field(
         default=True,
         flag="--zero-grad-in-place",
         help="zero_grad(set_to_none=False): gradients stay allocated between steps",
     )
-    keep_output: bool = _field(
+    keep_output: bool = step_field(
         default=False,
         flag="--keep-output",
         help="the forward's output stays referenced through backward (outputs.loss.backward())",
     )
-    optimizer_in_backward: bool = _field(
+    optimizer_in_backward: bool = step_field(
         default=False,
         flag="--optimizer-in-backward",
         help="each parameter steps during backward and its gradient is freed (torchtune)",
     )
-    loss_chunk_size: int | None = _field(
+    loss_chunk_size: int | None = step_field(
         default=None,
         flag="--loss-chunk",
         kind="count",
         help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
     )
     # what trains
-    trainable_params: int | None = _field(
+    trainable_params: int | None = step_field(
         default=None,
         flag="--trainable-params",
         kind="whole",
         help="parameters that train (LoRA adapters, a frozen base); default: all",
     )
-    frozen_base: bool | None = _field(
+    frozen_base: bool | None = step_field(
         default=None, help="the model's own weights are frozen and adapters train beside them"
     )
-    lora: Any = _field(default=None, help="a peft.LoraConfig")
-    lora_rank: int | None = _field(
+    lora: Any = step_field(default=None, help="a peft.LoraConfig")
+    lora_rank: int | None = step_field(
         default=None, flag="--lora-rank", kind="count", help="LoRA rank (PEFT's default 8)"
     )
-    lora_targets: tuple[str, ...] | str | None = _field(
+    lora_targets: tuple[str, ...] | str | None = step_field(
         default=None,
         flag="--lora-targets",
         kind="names",
         help="comma-separated Linears with adapters, e.g. q_proj,v_proj or all-linear "
         "(PEFT's default for the model; a 4/8-bit --train plan assumes it)",
     )
-    lora_dropout: float | None = _field(
+    lora_dropout: float | None = step_field(
         default=None,
         flag="--lora-dropout",
         kind="fraction",
         help="the adapters' dropout (lora_dropout)",
     )
     # the kernels
-    attn_implementation: str = _field(
+    attn_implementation: str = step_field(
         default="sdpa", flag="--attn", kind="attention", help="eager, sdpa or flash"
     )
-    device: str = _field(
+    device: str = step_field(
         default="cuda", help="cuda (default) or cpu: kernel choices and dropout masks differ"
     )
 
@@ -339,12 +336,10 @@ class Step:
 
         Example:
             >>> from peft import LoraConfig
-            >>> from transformers import BitsAndBytesConfig
-            >>> bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-            ...                          bnb_4bit_compute_dtype="bfloat16")
-            >>> step = Step.from_peft(LoraConfig(r=16), bnb, batch_size=1, seq_len=2048)
-            >>> step.quantization, step.precision
-            ('nf4', 'bf16-mixed')
+            >>> from transformers import BitsAndBytesConfig as Bnb
+            >>> bnb = Bnb(load_in_4bit=True, bnb_4bit_compute_dtype="bfloat16")
+            >>> Step.from_peft(LoraConfig(r=16), bnb, seq_len=2048).precision
+            'bf16-mixed'
         """
         return cls.of(lora=lora, quantization=quantization, **fields)
 
@@ -364,10 +359,7 @@ class Step:
             >>> step.batch_size, step.precision, step.gradient_checkpointing
             (4, 'bf16-mixed', True)
         """
-        read = training_arguments_fields(args)
-        step = cls.of(**merge_fields(read, fields))
-        read.warn(stacklevel=2)
-        return step
+        return made_from(cls.of, training_arguments_fields(args), fields)
 
     @classmethod
     def from_lightning(cls, trainer_or_precision: Any, **fields: Any) -> Step:
@@ -380,22 +372,26 @@ class Step:
             >>> Step.from_lightning("bf16", batch_size=8, seq_len=1024).precision
             'bf16-mixed'
         """
-        read = lightning_fields(trainer_or_precision)
-        step = cls.of(**merge_fields(read, fields))
-        read.warn(stacklevel=2)
-        return step
+        return made_from(cls.of, lightning_fields(trainer_or_precision), fields)
+
+    @classmethod
+    def from_recipe(cls, config: Any, **fields: Any) -> Step:
+        """A `Step` from a torchtune or LitGPT fine-tuning config (a dict or its YAML path).
+
+        Read as `recipe_fields` says; activation offloading and ``compile`` warn.
+
+        Example:
+            >>> Step.from_recipe({"precision": "bf16-true", "quantize": "bnb.nf4", "lora_r": 32,
+            ...     "train": {"micro_batch_size": 2, "global_batch_size": 8}}).optimizer
+            'paged-adamw'
+        """
+        return made_from(cls.of, recipe_fields(config, seq_len=fields.get("seq_len")), fields)
 
     def changed(self) -> dict[str, Any]:
         """The fields that differ from the defaults (what a short repr shows)."""
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "precision":
-                if value != knobs.default_precision(self):
-                    out[f.name] = value
-            elif value != f.default:
-                out[f.name] = value
-        return out
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        default["precision"] = knobs.default_precision(self)
+        return {k: v for k, v in vars(self).items() if k in default and v != default[k]}
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values (for JSON).

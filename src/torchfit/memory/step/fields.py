@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from torchfit._core.optimizers import parse_optimizer
 from torchfit._core.step import parse_precision_name
 from torchfit._core.units import parse_dtype
 
-__all__ = ["NotModelledWarning", "StepFields", "merge_fields"]
+__all__ = ["NotModelledWarning", "StepFields", "made_from", "merge_fields", "step_field"]
+
+
+def step_field(*, default: Any, help: str, flag: str | None = None, kind: str = "") -> Any:  # noqa: A002
+    """A `Step` field with its command-line flag (None: not a flag), kind and help."""
+    return dataclasses.field(default=default, metadata={"flag": flag, "help": help, "kind": kind})
+
+
+_Made = TypeVar("_Made")
 
 
 class NotModelledWarning(UserWarning):
@@ -118,3 +126,14 @@ def merge_fields(derived: StepFields, given: Mapping[str, Any]) -> dict[str, Any
 def _is_factory(value: Any) -> bool:
     """An optimizer factory (``lambda params: ...``), not a name or a built optimizer."""
     return callable(value) and not isinstance(value, str)
+
+
+def made_from(make: Callable[..., _Made], read: StepFields, given: Mapping[str, Any]) -> _Made:
+    """``make`` (``Step.of``) called with `merge_fields` of ``read`` and ``given``.
+
+    The notes of ``read`` are then warned as `NotModelledWarning`, naming the line that
+    called the ``Step.from_*`` constructor that called this.
+    """
+    step = make(**merge_fields(read, given))
+    read.warn(stacklevel=3)
+    return step
