@@ -67,6 +67,8 @@ AMOUNT = Flag(("0", "-1", "nan", "inf", "", " ", "x", "1e9x"), st.one_of(_NONSEN
 PRICE = Flag(("", "H100", "=2", "H100=", "H100=-1", "H100=x", "H100=inf"), _BLANK)
 PATH = Flag(("", " ", "\t", ".png", " .png", "/no/such/folder/plan.png", "."), _BLANK)
 TEXT = Flag(("", " ", "\t"), _BLANK)
+#: --recipe: blank, no file, a folder (files that are no config: tests/test_cli_recipe.py).
+RECIPE = Flag(("", " ", "/no/such/config.yaml", "."), _BLANK)
 MODEL = Flag(("", " ", "\t"), _BLANK)
 COMMAND = Flag(("", "qqnope", "plans", "PLAN"), _NONSENSE)
 #: A flag that takes no value: given one (``--json=yes``), it is refused.
@@ -95,7 +97,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--bnb-compute-dtype"): NAME,
     ("plan", "--quantize-head"): SWITCH, ("plan", "--loss-chunk"): COUNT,
     ("plan", "--new-tokens"): COUNT, ("plan", "--no-kbit-prepare"): SWITCH,
-    ("plan", "--lora-dropout"): FRACTION,
+    ("plan", "--lora-dropout"): FRACTION, ("plan", "--recipe"): RECIPE,
     ("plan", "--json"): SWITCH, ("plan", "--plot"): PATH, ("plan", "--machine"): NAME,
     ("plan", "--tokens"): AMOUNT, ("plan", "--samples"): AMOUNT, ("plan", "--price"): PRICE,
     ("gpus", "--help"): None, ("gpus", "--json"): SWITCH,

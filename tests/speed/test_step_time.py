@@ -137,6 +137,22 @@ def test_quantized_base_adds_dequantization_kernels():
     assert torch.float32  # the module stays importable with torch alone
 
 
+def test_a_quantized_head_is_dequantized_at_each_call_too():
+    """Lightning Fabric's BitsandbytesPrecision (LitGPT's --quantize) converts the head too."""
+    step = Step(batch_size=2, seq_len=64, precision="bf16-true", quantization="nf4", lora_rank=8)
+    blocks = step_time(TINY, "H100", step)
+    every = step_time(TINY, "H100", step.replace(quantize_head=True))
+
+    def dequantized(timed):
+        return sum(r.bytes for r in timed.breakdown if r.kind == "dequant")
+
+    # forward and backward each dequantize the head: 2 x its weights at 2.5 bytes (nf4 read,
+    # bf16 written) more
+    head = TINY.vocab_size * TINY.n_embd
+    assert dequantized(every) - dequantized(blocks) == pytest.approx(2 * head * 2.5, rel=0.01)
+    assert every.seconds > blocks.seconds
+
+
 def test_4_bit_layers_computing_in_fp32_run_fp32_matmuls_and_the_casts():
     """BitsAndBytesConfig's default compute dtype on a bf16 model: each 4-bit layer casts its
     input to fp32, multiplies in fp32 (no tensor cores without TF32) and casts back."""

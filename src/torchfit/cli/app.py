@@ -13,7 +13,13 @@ from typing import Any, TextIO
 from torchfit import __version__
 from torchfit._core.units import format_bytes
 from torchfit.cli import compare, extras, values
-from torchfit.cli.flags import add_cuda_flags, add_step_flags, refuse_idle_flags, step_fields
+from torchfit.cli.flags import (
+    add_cuda_flags,
+    add_step_flags,
+    recipe_step,
+    refuse_idle_flags,
+    step_fields,
+)
 
 __all__ = ["main"]
 
@@ -175,19 +181,24 @@ def _plan(args: argparse.Namespace) -> int:
     from torchfit.memory.plan import resolve_budget  # noqa: PLC0415
     from torchfit.whole import fits  # noqa: PLC0415
 
+    recipe = recipe_step(args)
     if len(args.gpu) > 1:
-        return compare.run(args)
+        return compare.run(args, recipe)
     compare.refuse_budget_flags(args)
-    refuse_idle_flags(args)
+    if recipe is None:
+        refuse_idle_flags(args)
     card, _ = resolve_budget(args.gpu[0])
     target = [card] * args.gpus if args.gpus > 1 else card
     model = extras.model_of(args)
+    step: dict[str, Any] = (
+        {"mode": args.mode, "dtype": args.dtype, **step_fields(args)}
+        if recipe is None
+        else {"step": recipe}
+    )
     plan = fits(
         model,
         target,
-        mode=args.mode,
-        dtype=args.dtype,
-        **step_fields(args),
+        **step,
         strategy=args.strategy,
         offload_optimizer=args.offload_optimizer,
         offload_params=args.offload_params,

@@ -67,8 +67,8 @@ def refuse_budget_flags(args: argparse.Namespace) -> None:
             )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Compare the cards of ``args.gpu`` for the step the flags describe; print the table."""
+def run(args: argparse.Namespace, recipe: Any = None) -> int:
+    """Compare the cards of ``args.gpu`` for the step the flags (or ``recipe``) describe."""
     from torchfit.memory.gpus import gpu  # noqa: PLC0415
     from torchfit.speed import compare_gpus  # noqa: PLC0415
 
@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     cards = [gpu(name) for name in args.gpu]
     fields = step_fields(args)  # without --batch: each card at its largest batch
     keywords: dict[str, Any] = {"mode": args.mode, **fields}
-    if str(args.dtype).lower() != "auto":
+    if recipe is not None:
+        keywords = {"step": recipe}
+    elif str(args.dtype).lower() != "auto":
         keywords["dtype"] = args.dtype
     elif fields.get("precision") in {None, "auto"}:
         keywords["precision"] = _shared_precision(cards, training=args.mode == "train")

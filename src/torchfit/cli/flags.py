@@ -3,18 +3,29 @@
 Each `Step` field with a ``flag`` in its metadata becomes that flag, with its help and a
 reader for its kind; its argparse dest is the field's name, so a parsed namespace gives
 the step by name and an error from the library names the flag through the same field.
+Each such flag records that it was given (``args.given``), so ``--recipe`` can tell a
+flag set on the command line from one left at its default.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+import warnings
 from typing import Any
 
 from torchfit.cli import values
 from torchfit.memory.step import Step
 
-__all__ = ["STEP_FLAGS", "add_cuda_flags", "add_step_flags", "refuse_idle_flags", "step_fields"]
+__all__ = [
+    "STEP_FLAGS",
+    "add_cuda_flags",
+    "add_step_flags",
+    "recipe_step",
+    "refuse_idle_flags",
+    "step_fields",
+]
 
 #: A `Step` field's kind -> (the reader of its flag's value, the value's metavar).
 _KINDS: dict[str, tuple[Any, str]] = {
@@ -36,8 +47,25 @@ STEP_FLAGS = {
 }
 
 
+def _recorded(action: type[argparse.Action]) -> type[argparse.Action]:
+    """``action`` that also adds its dest to ``namespace.given``."""
+
+    class Recorded(action):  # type: ignore[misc,valid-type]
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            super().__call__(parser, namespace, values, option)
+            namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+    return Recorded
+
+
+_STORE = _recorded(argparse._StoreAction)  # noqa: SLF001 - argparse's action classes
+_STORE_CONST = _recorded(argparse._StoreConstAction)  # noqa: SLF001
+_STORE_TRUE = _recorded(argparse._StoreTrueAction)  # noqa: SLF001
+_STORE_FALSE = _recorded(argparse._StoreFalseAction)  # noqa: SLF001
+
+
 def add_step_flags(plan: argparse.ArgumentParser) -> None:
-    """A flag for each `Step` field that has one (a switch for a boolean field)."""
+    """A flag for each `Step` field that has one (a boolean's is a switch), and ``--recipe``."""
     for field in dataclasses.fields(Step):
         flag = field.metadata.get("flag")
         if flag is None:
@@ -49,15 +77,50 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
             default = None if field.name == "batch_size" else field.default  # None: not given
             plan.add_argument(
                 flag, dest=field.name, type=read, default=default, metavar=metavar, help=help_,
+                action=_STORE,
             )  # fmt: skip
         elif field.default is None:  # a tri-state: unset means the step's own default
             plan.add_argument(
-                flag, dest=field.name, action="store_const", const=False, default=None,
+                flag, dest=field.name, action=_STORE_CONST, const=False, default=None,
                 help=help_,
             )  # fmt: skip
         else:  # the flag turns a boolean away from its default
-            action = "store_false" if field.default else "store_true"
+            action = _STORE_FALSE if field.default else _STORE_TRUE
             plan.add_argument(flag, dest=field.name, action=action, help=help_)
+    plan.add_argument(
+        "--recipe",
+        default=None,
+        type=values.recipe_file,
+        metavar="FILE",
+        help="a torchtune or LitGPT fine-tuning config (YAML): the step as its code runs it; "
+        "step flags given beside it must agree with it or fill what it leaves open",
+    )
+
+
+def recipe_step(args: argparse.Namespace) -> Step | None:
+    """The `Step` of ``--recipe`` with the step flags given beside it; None without one.
+
+    What the config sets that torchfit does not model is printed on stderr.
+
+    Raises:
+        ValueError: ``--inference`` or ``--dtype`` beside ``--recipe`` (a recipe is a
+            fine-tuning run in the precision it names), or a flag that contradicts it.
+    """
+    if args.recipe is None:
+        return None
+    if args.mode != "train" or str(args.dtype).lower() != "auto":
+        raise ValueError(
+            "--recipe describes a fine-tuning run in its own precision; leave --inference "
+            "and --dtype out (--precision agrees with it or fills an unset one)"
+        )
+    given: set[str] = getattr(args, "given", set())
+    fields = {k: v for k, v in step_fields(args).items() if k in given}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = Step.from_recipe(args.recipe, **fields)
+    for warning in caught:
+        print(f"note: {warning.message}", file=sys.stderr)
+    return step
 
 
 def add_cuda_flags(plan: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "precision",
     "precision_or_auto",
     "price",
+    "recipe_file",
     "shape",
     "size",
     "context",
@@ -248,6 +250,20 @@ def _plot(text: str) -> object:
     return plot_path(text)
 
 
+def _recipe(text: str) -> object:
+    """A torchtune or LitGPT config file, read and recognized (`recipe_fields`)."""
+    from torchfit.memory.step.recipes import recipe_fields  # noqa: PLC0415
+
+    path = Path(_text(text))
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no such file"
+        raise ValueError(f"expected a torchtune or LitGPT config file (YAML); {text!r} is {what}")
+    try:
+        return recipe_fields(path, seq_len=1)  # a length for chunked losses: only checked
+    except OSError as error:
+        raise ValueError(f"cannot read {text!r}: {error.strerror or error}") from None
+
+
 dtype = _reader("dtype", _dtype, keep=True)
 dtype_or_auto = _reader("dtype", _auto, keep=True)
 optimizer = _reader("optimizer", _optimizer, keep=True)
@@ -265,6 +281,7 @@ machine = _reader("machine", _machine, keep=True)
 amount = _reader("amount", _amount, keep=False)
 price = _reader("price", _price, keep=False)
 names = _reader("names", _names, keep=False)
+recipe_file = _reader("recipe", _recipe, keep=True)
 model_name = _reader("model", _model, keep=True)
 plot_path = _reader("plot", _plot, keep=True)
 shape = _reader("shape", _shape, keep=False)

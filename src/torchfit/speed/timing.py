@@ -151,7 +151,7 @@ def step_time(
     Raises:
         ValueError: a bad size, unknown card, dtype, precision, optimizer or mode,
             settings that contradict each other, or a step the timing cannot express
-            (a CPU step, a count of trainable parameters, a 4-bit head); the message
+            (a CPU step, a count of trainable parameters); the message
             says which and the fix.
         TypeError: a value of the wrong kind, an unknown keyword, a `Step` and
             keywords together.
@@ -198,7 +198,7 @@ def step_time(
     )
     matmul = None if chosen.bnb_compute_dtype is None else parse_dtype(chosen.bnb_compute_dtype)
     if weights.is_quantized:  # dequantized, the 4/8-bit weights are compute-dtype tensors
-        hold_quantized_in(built.module, _torch_dtype(matmul or compute))
+        hold_quantized_in(built.module, _torch_dtype(matmul or compute), head=chosen.quantize_head)
     if chosen.wants_lora or (weights.is_quantized and train):
         add_lora(built, _lora_config(chosen, built.config))
     opt = parse_optimizer(chosen.optimizer) if train and chosen.optimizer is not None else None
@@ -216,6 +216,7 @@ def step_time(
         new_tokens=chosen.max_new_tokens,
         grad_scaler=train and mixed and compute is DType.FP16,
         matmul=None if matmul is None else _torch_dtype(matmul),
+        quantized_head=chosen.quantize_head and weights.is_quantized,
     )
     work = Workload(**{**work.__dict__, "notes": _notes(chosen) + work.notes})
     return time_workload(
@@ -235,12 +236,6 @@ def _refuse_untimed(step: Step) -> None:
         raise ValueError(
             "Step(frozen_base=True) without adapters: the timing needs to know what trains; "
             "give lora=LoraConfig(...) or lora_rank=..., or leave frozen_base out"
-        )
-    if step.quantize_head:
-        raise ValueError(
-            "Step(quantize_head=True): the timing dequantizes the block Linears a 4/8-bit "
-            "base quantizes, not the head; leave quantize_head out to time the step without "
-            "the head's dequantization"
         )
 
 

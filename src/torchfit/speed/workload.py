@@ -13,6 +13,7 @@ forward's).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import sys
 import warnings
@@ -28,6 +29,7 @@ from torchfit._core.units import DType
 from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu
 from torchfit.memory.kernels.cuda import FusedSdpa
+from torchfit.memory.modules.adapters import role_targets
 from torchfit.memory.tracing.session import copy_to_fake, new_fake_mode
 from torchfit.speed.build import Built
 from torchfit.speed.ops import Op, OpKind, Phase, merge
@@ -80,8 +82,17 @@ def _cuda_target(autocast: torch.dtype | None) -> Iterator[None]:
 
 
 def add_lora(built: Built, lora: Any) -> None:
-    """Wrap ``built.module`` in PEFT's LoRA model for ``lora`` (a ``peft.LoraConfig``)."""
+    """Wrap ``built.module`` in PEFT's LoRA model for ``lora`` (a ``peft.LoraConfig``).
+
+    Role names among the targets (LitGPT's and torchtune's ``"query"``, ``"mlp"``, ...)
+    become the model's module names first, as the memory estimate reads them.
+    """
     peft = require("peft", feature="timing LoRA adapters")
+    targets = getattr(lora, "target_modules", None)
+    if isinstance(targets, (list, tuple, set, frozenset)):
+        lora = copy.copy(lora)  # the caller's config stays as it was
+        names = sorted(targets) if isinstance(targets, (set, frozenset)) else list(targets)
+        lora.target_modules = role_targets(built.module, names)
     try:
         with warnings.catch_warnings():
             # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
@@ -97,20 +108,25 @@ def add_lora(built: Built, lora: Any) -> None:
         ) from e
 
 
-def _quantized_linears(module: nn.Module) -> list[nn.Module]:
-    """The Linears bitsandbytes quantizes: block Linears and GPT-2's Conv1D, not the head."""
+def _quantized_linears(module: nn.Module, *, head: bool = False) -> list[nn.Module]:
+    """The Linears bitsandbytes quantizes: block Linears and GPT-2's Conv1D.
+
+    The output head too with ``head`` (``Step.quantize_head``: Lightning Fabric's
+    ``BitsandbytesPrecision`` converts every Linear).
+    """
     found: list[nn.Module] = []
     for name, sub in module.named_modules():
         linear = isinstance(sub, nn.Linear) or type(sub).__name__ == "Conv1D"
         if not linear or "lora_" in name:
             continue
-        if any(name.endswith(head) or f"{head}.base_layer" in name for head in _HEADS):
+        is_head = any(name.endswith(h) or f"{h}.base_layer" in name for h in _HEADS)
+        if is_head and not head:
             continue
         found.append(sub)
     return found
 
 
-def hold_quantized_in(module: nn.Module, dtype: torch.dtype) -> None:
+def hold_quantized_in(module: nn.Module, dtype: torch.dtype, *, head: bool = False) -> None:
     """Give the weights bitsandbytes quantizes ``dtype``: what dequantization produces.
 
     ``Linear4bit`` casts its input to its compute dtype and multiplies by the
@@ -118,18 +134,23 @@ def hold_quantized_in(module: nn.Module, dtype: torch.dtype) -> None:
     under autocast those weights need no cast, while everything left unquantized keeps
     the dtype it was built in.
     """
-    for linear in _quantized_linears(module):
+    for linear in _quantized_linears(module, head=head):
         linear.weight.data = linear.weight.data.to(dtype)
 
 
 def _dequant_hooks(
-    module: nn.Module, recorder: OpRecorder, weights: DType, matmul: torch.dtype | None
+    module: nn.Module,
+    recorder: OpRecorder,
+    weights: DType,
+    matmul: torch.dtype | None,
+    *,
+    head: bool,
 ) -> list[Any]:
     # dequantized into a wider compute dtype, the copy written is that much wider
     wider = 0.0 if matmul is None else max(torch.finfo(matmul).bits // 8 - 2, 0)
     per_weight = _DEQUANT_BYTES[weights] + wider
     handles = []
-    for linear in _quantized_linears(module):
+    for linear in _quantized_linears(module, head=head):
         moved = float(linear.weight.numel() * per_weight)  # type: ignore[operator]
 
         def dequantize(*_: Any, moved: float = moved) -> None:
@@ -141,7 +162,7 @@ def _dequant_hooks(
     return handles
 
 
-def _own_compute_hooks(module: nn.Module, matmul: torch.dtype) -> list[Any]:
+def _own_compute_hooks(module: nn.Module, matmul: torch.dtype, *, head: bool) -> list[Any]:
     """A 4-bit layer computing in ``matmul`` on a model held in another dtype.
 
     ``Linear4bit.forward`` casts its input to ``bnb_4bit_compute_dtype``, multiplies by the
@@ -159,7 +180,7 @@ def _own_compute_hooks(module: nn.Module, matmul: torch.dtype) -> list[Any]:
         return out.to(original.pop(id(layer), out.dtype))
 
     handles = []
-    for linear in _quantized_linears(module):
+    for linear in _quantized_linears(module, head=head):
         handles.append(linear.register_forward_pre_hook(cast_in))
         handles.append(linear.register_forward_hook(cast_back))
     return handles
@@ -202,15 +223,18 @@ def _run(
     weights: DType,
     new_tokens: int | None,
     matmul: torch.dtype | None = None,
+    quantized_head: bool = False,
 ) -> tuple[list[Op], nn.Module]:
     fake_mode = new_fake_mode()
     module, inputs = copy_to_fake((built.module, built.inputs), fake_mode)
     module.train(train)
     recorder = OpRecorder()
     recorder.own_masks = built.causal
-    handles = _dequant_hooks(module, recorder, weights, matmul) if weights.is_quantized else []
+    handles = []
+    if weights.is_quantized:
+        handles = _dequant_hooks(module, recorder, weights, matmul, head=quantized_head)
     if matmul is not None:
-        handles += _own_compute_hooks(module, matmul)
+        handles += _own_compute_hooks(module, matmul, head=quantized_head)
     try:
         with fake_mode, recorder:
             if new_tokens:
@@ -278,11 +302,13 @@ def record_workload(
     new_tokens: int | None = None,
     grad_scaler: bool = False,
     matmul: torch.dtype | None = None,
+    quantized_head: bool = False,
 ) -> Workload:
     """Record one optimizer step of ``built`` (see the module notes).
 
     ``matmul``: the 4-bit layers' own compute dtype where it is not the model's
     (bitsandbytes' ``bnb_4bit_compute_dtype``; their weights already held in it).
+    ``quantized_head``: the output head is quantized too, dequantized at each call.
     """
     ops, module = _run(
         built,
@@ -291,6 +317,7 @@ def record_workload(
         weights=weights,
         new_tokens=new_tokens,
         matmul=matmul,
+        quantized_head=quantized_head,
     )
     ops = [op.times(accumulation) for op in ops] if accumulation > 1 else ops
     trainable = [p for p in module.parameters() if p.requires_grad]

@@ -35,6 +35,18 @@ def test_accumulation_and_zeroing_in_place_keep_the_gradients():
     assert accumulated.estimate.total > plain.estimate.total
 
 
+def test_the_accumulation_advice_keeps_the_runs_own_accumulation_in_its_words():
+    plan = torchfit.fits(
+        "gpt2", "RTX 3060", batch_size=16, seq_len=1024, dtype="bf16",
+        gradient_accumulation_steps=4,
+    )  # fmt: skip
+    advice = next(a for a in plan.advice if "accumulation steps" in a.knob)
+    micro, steps = int(advice.knob.split()[1]), int(advice.knob.split()[3])
+    assert steps == advice.step.gradient_accumulation_steps
+    assert micro * steps == 16 * 4
+    assert advice.detail == "same effective batch (64)"
+
+
 def test_the_accumulation_advice_is_re_estimated_with_the_gradients_alive():
     plan = torchfit.fits("gpt2", "RTX 3060", batch_size=16, seq_len=1024, dtype="bf16")
     advice = next(a for a in plan.advice if "accumulation steps" in a.knob)

@@ -207,11 +207,12 @@ def _accumulation(
         return []
     micro = step.batch_size // 2
     while micro >= 1:
-        steps = math.ceil(step.batch_size / micro)
+        # the run's own accumulation times the micro-batches one batch now takes
+        steps = math.ceil(step.batch_size / micro) * step.gradient_accumulation_steps
         # re-estimated with the accumulation: the gradients live through the micro-batches
         changes = {
             "batch_size": micro,
-            "gradient_accumulation_steps": steps * step.gradient_accumulation_steps,
+            "gradient_accumulation_steps": steps,
             "optimizer_in_backward": False,
         }
         try:

@@ -124,7 +124,11 @@ def _as_mapping(config: Any) -> Mapping[str, Any]:
     if isinstance(config, (str, os.PathLike)):
         yaml = require("yaml", feature="reading a recipe's YAML file")
         with Path(config).open(encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
+            try:
+                config = yaml.safe_load(handle)
+            except yaml.YAMLError as error:
+                first = str(error).strip().splitlines()[0]
+                raise ValueError(f"{str(config)!r} is not a YAML file ({first})") from None
     to_container = getattr(config, "to_container", None)  # omegaconf.DictConfig
     if callable(to_container) and not isinstance(config, Mapping):
         config = to_container()
