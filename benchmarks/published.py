@@ -419,7 +419,10 @@ def _training(case: Case, kwargs: dict[str, Any]) -> None:
         raise NotExpressible(f"not modelled: {', '.join(sorted(tricks))}")
     if "optimizer in backward" in case.other_tricks:
         kwargs["optimizer_in_backward"] = True
-    if "chunked CE" in case.other_tricks:
+    # LitGPT's full fine-tuning (finetune/full.py @ 2685705) runs the head over the whole
+    # sequence and chunks only the cross-entropy over those logits: not a chunked head
+    whole_head = (case.framework or "").startswith(LITGPT) and case.method == "full"
+    if "chunked CE" in case.other_tricks and not whole_head:
         chunk = next(v for k, v in LOSS_CHUNKS.items() if (case.framework or "").startswith(k))
         kwargs["loss_chunk_size"] = chunk(kwargs["seq_len"])
     kwargs["gradient_checkpointing"] = bool(case.gradient_checkpointing)

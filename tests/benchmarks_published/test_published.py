@@ -7,6 +7,7 @@ reading is fixed by the cited sources.
 """
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,58 @@ def test_longest_fitting_takes_few_estimates():
     found = published_longest.longest_fitting(needed, 24 * 2**30, start=5789, limit=131_072)
     assert len(calls) <= 6
     assert needed(found) <= 24 * 2**30 < needed(found + 30)  # within 0.5% of the longest
+
+
+#: LitGPT's config-hub files at 2685705 (config_hub/finetune/<model>/<method>.yaml), the
+#: keys that decide memory: the table's rows were run from these configs.
+CONFIG_HUB = {
+    "hub_llama2_7b_qlora": {
+        "precision": "bf16-true", "quantize": "bnb.nf4", "lora_r": 32, "lora_dropout": 0.05,
+        "lora_query": True, "lora_key": False, "lora_value": True, "lora_projection": False,
+        "lora_mlp": False, "lora_head": False,
+        "train": {"global_batch_size": 8, "micro_batch_size": 2, "max_seq_length": 512},
+        "optimizer": {"class_path": "torch.optim.AdamW"},
+    },
+    "hub_llama3_8b_lora": {
+        "precision": "bf16-true", "lora_r": 32, "lora_dropout": 0.05, "lora_query": True,
+        "lora_key": False, "lora_value": True, "lora_projection": False, "lora_mlp": False,
+        "lora_head": False,
+        "train": {"global_batch_size": 8, "micro_batch_size": 1, "max_seq_length": 512},
+        "optimizer": {"class_path": "torch.optim.AdamW"},
+    },
+    "hub_gemma_2b_lora": {
+        "precision": "bf16-true", "lora_r": 8, "lora_dropout": 0.1, "lora_query": True,
+        "lora_key": True, "lora_value": True, "lora_projection": True, "lora_mlp": True,
+        "lora_head": True,
+        "train": {"global_batch_size": 6, "micro_batch_size": 2, "max_seq_length": 512},
+        "optimizer": {"class_path": "torch.optim.AdamW"},
+    },
+    "hub_stablelm3b_qlora": {
+        "precision": "bf16-true", "quantize": "bnb.nf4", "lora_r": 32, "lora_dropout": 0.05,
+        "lora_query": True, "lora_value": True,
+        "train": {"global_batch_size": 8, "micro_batch_size": 1, "max_seq_length": 512},
+        "optimizer": {"class_path": "torch.optim.AdamW"},
+    },
+    "hub_tinyllama_full": {
+        "precision": "bf16-true",
+        "train": {"global_batch_size": 32, "micro_batch_size": 4, "max_seq_length": 512},
+        "optimizer": {"class_path": "torch.optim.AdamW"},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", sorted(CONFIG_HUB))
+def test_a_config_hub_row_is_the_step_its_litgpt_config_makes(key):
+    """The benchmark's reading of a row and `Step.from_recipe` of its config agree."""
+    from torchfit.memory import Step, estimate
+
+    case = next(c for c in ALL if c.key == key)
+    model, kwargs = published.setting(case)
+    quantized = key.endswith("qlora")
+    version = {"bitsandbytes_version": kwargs["bitsandbytes_version"]} if quantized else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = Step.from_recipe(CONFIG_HUB[key], **version)
+    # only the full fine-tune's loss (chunked over whole logits) is said to be not modelled
+    assert bool(caught) == key.endswith("full")
+    assert estimate(model, step=step).total == estimate(model, **kwargs).total
