@@ -100,7 +100,8 @@ def estimate_kwargs(rec: dict[str, Any], batch: int) -> dict[str, Any]:
         if rec["kind"] == "generate":
             kw["max_new_tokens"] = rec["new_tokens"]
         return kw
-    kw["optimizer"] = {"adamw-fused": "adamw", "adamw-loop": "adamw"}.get(
+    # gpu_check's "adamw-loop" is torch.optim.AdamW(foreach=False): torchfit's "adamw-for-loop"
+    kw["optimizer"] = {"adamw-loop": "adamw-for-loop"}.get(
         rec.get("optimizer", "adamw"), rec.get("optimizer", "adamw")
     )
     kw["gradient_checkpointing"] = bool(rec.get("gradient_checkpointing"))
@@ -117,8 +118,7 @@ def estimate_kwargs(rec: dict[str, Any], batch: int) -> dict[str, Any]:
 
 def unsaid(rec: dict[str, Any]) -> str:
     """What of the recipe the estimate's words cannot carry."""
-    said = {"adamw-fused": "fused AdamW as foreach", "adamw-loop": "per-parameter AdamW as foreach"}
-    return said.get(rec.get("optimizer", ""), "")
+    return ""  # every recipe of gpu_check.py has its words now (fused, per-parameter AdamW)
 
 
 def model_ref(rec: dict[str, Any]) -> Any:
