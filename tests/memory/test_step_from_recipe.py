@@ -160,6 +160,15 @@ def test_the_chunked_loss_needs_a_length_and_takes_the_tokenizers_cap():
     assert Step.from_recipe(whole).seq_len is None
 
 
+def test_a_packed_dataset_fills_every_sample_to_the_tokenizers_length():
+    config = yaml.safe_load(TORCHTUNE_QLORA)
+    config["tokenizer"]["max_seq_len"] = 1000
+    config["dataset"] = {"_component_": "torchtune.datasets.alpaca_cleaned_dataset", "packed": True}
+    assert Step.from_recipe(config).seq_len == 1000
+    with pytest.raises(ValueError, match="seq_len=400 contradicts the torchtune config"):
+        Step.from_recipe(config, seq_len=400)  # packed: no shorter sample
+
+
 def test_a_torchtune_full_fine_tune_steps_in_backward_with_its_8bit_optimizer():
     step = Step.from_recipe(yaml.safe_load(TORCHTUNE_FULL), seq_len=512)
     assert step.optimizer == "paged-adamw-8bit" and step.optimizer_in_backward

@@ -204,7 +204,14 @@ def _torchtune(data: Mapping[str, Any], *, seq_len: int | None) -> StepFields:
     read.set("the recipe's `del outputs` before backward", keep_output=False)
     tokenizer = data.get("tokenizer")
     if isinstance(tokenizer, Mapping) and tokenizer.get("max_seq_len") is not None:
-        seq_len = _cap(read, "tokenizer.max_seq_len", tokenizer["max_seq_len"], seq_len)
+        cap = tokenizer["max_seq_len"]
+        dataset = data.get("dataset")
+        if isinstance(dataset, Mapping) and dataset.get("packed"):
+            # PackedDataset fills every sample to max_seq_len: the length, not a cap
+            seq_len = int(cap)
+            read.set(f"dataset.packed: True, tokenizer.max_seq_len: {cap}", seq_len=seq_len)
+        else:
+            seq_len = _cap(read, "tokenizer.max_seq_len", cap, seq_len)
     _torchtune_optimizer(data.get("optimizer"), read)
     _torchtune_loss(data.get("loss"), seq_len, read)
     _torchtune_model(data["model"], read)
