@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from torchfit.cli import values
@@ -19,13 +20,13 @@ from torchfit.memory.step import Step
 __all__ = ["add_flags", "refuse_budget_flags", "run"]
 
 #: Step fields `step_time` cannot time (it refuses them): a comparison refuses their flags.
-_UNTIMED = ("trainable_params", "quantize_head")
+_UNTIMED = ("trainable_params",)
 #: Flags of a single-card plan that a comparison does not take, by their argparse dest.
 _SINGLE = {
     "strategy": "--strategy", "gpus_per_node": "--gpus-per-node",
     "offload_optimizer": "--offload-optimizer", "offload_params": "--offload-params",
     "param_dtype": "--param-dtype", "trace": "--trace", "device_map": "--device-map",
-    "plot": "--plot", "machine": "--machine", "cuda_version": "--cuda-version",
+    "machine": "--machine", "cuda_version": "--cuda-version",
     "context_bytes": "--context", "trust_remote_code": "--trust-remote-code",
 }  # fmt: skip
 
@@ -97,12 +98,21 @@ def run(args: argparse.Namespace, recipe: Any = None) -> int:
         price_per_hour=prices or None,
         **keywords,
     )
+    if args.plot:
+        from torchfit.speed.plot import plot_comparison  # noqa: PLC0415
+
+        plot_comparison(table, args.plot)
+    wrote = f"plot: {args.plot} (throughput per card; hours or cost for the budget)"
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
+        if args.plot:
+            print(wrote, file=sys.stderr)  # stdout stays one JSON document
         return 0
     print(table)
     for line in verdicts(table):
         print(line)
+    if args.plot:
+        print(wrote)
     return 0
 
 

@@ -54,7 +54,10 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
     import torch  # noqa: PLC0415
 
     from torchfit.memory.catalog import build_model  # noqa: PLC0415
-    from torchfit.memory.catalog.build import transformers_without_data  # noqa: PLC0415
+    from torchfit.memory.catalog.build import (  # noqa: PLC0415
+        checkpointing_on,
+        transformers_without_data,
+    )
     from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
     from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
@@ -82,13 +85,10 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
     weights = "fp32" if train else step.compute.value
     model = build_model(model_of(args), device="meta", dtype=weights)
     if train and step.gradient_checkpointing:
-        enable = getattr(model, "gradient_checkpointing_enable", None)
-        if enable is None:
-            raise ValueError(
-                f"--trace with --checkpointing needs a transformers model; "
-                f"{type(model).__name__} has no gradient_checkpointing_enable()"
-            )
-        enable()
+        try:
+            checkpointing_on(model)
+        except ValueError as error:
+            raise ValueError(f"--trace with --checkpointing: {error}") from None
     if step.seq_len is not None:
         inputs: object = example_batch(
             model, batch_size=step.batch_size, seq_len=step.seq_len, training=train

@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from torchfit._core.imports import require
+from torchfit.memory.catalog.build import checkpointing_on
 from torchfit.memory.catalog.resolve import (
     build_model,
     is_vision,
@@ -154,7 +155,7 @@ def build_step_model(
         if train and hasattr(module, "config"):
             module.config.use_cache = False  # type: ignore[union-attr]
         if checkpointing:
-            module.gradient_checkpointing_enable()  # type: ignore[operator]
+            checkpointing_on(module)
         ids = torch.zeros(batch_size, seq, dtype=torch.long, device="meta")
         inputs: Any = {"input_ids": ids, "labels": ids} if train else {"input_ids": ids}
         causal = getattr(config, "model_type", "") not in _ENCODERS

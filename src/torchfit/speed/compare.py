@@ -115,18 +115,14 @@ class Comparison:
         return "\n".join(lines)
 
     def plot(self) -> Any:
-        """A bar chart of throughput per card (matplotlib; ``pip install 'torchfit[plot]'``)."""
-        from torchfit._core.imports import require  # noqa: PLC0415
+        """The picture of the comparison, a matplotlib ``Figure`` (`torchfit.speed.plot`).
 
-        plt = require("matplotlib.pyplot", feature="Comparison.plot")
-        fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(self.rows)))
-        timed = [row for row in self.rows if row.time is not None]
-        rates = [row.time.tokens_per_s or row.time.samples_per_s for row in timed]  # type: ignore[union-attr]
-        ax.barh([row.gpu for row in timed], rates)
-        ax.set_xlabel("tokens/s" if timed and timed[0].time.tokens else "samples/s")  # type: ignore[union-attr]
-        ax.set_title(self.model)
-        fig.tight_layout()
-        return fig
+        Throughput per card at its batch, the fastest marked; with a budget, the hours (or
+        with prices the cost) beside it. Needs ``pip install 'torchfit[plot]'``.
+        """
+        from torchfit.speed.plot import draw_comparison  # noqa: PLC0415
+
+        return draw_comparison(self)
 
 
 def _checked(

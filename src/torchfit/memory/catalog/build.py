@@ -26,6 +26,7 @@ from torchfit.memory.catalog.entries import (
 
 __all__ = [
     "AUTO_CLASS",
+    "checkpointing_on",
     "experts_on_fake_tensors",
     "one_sequence_per_row",
     "transformers_without_data",
@@ -266,3 +267,23 @@ def _is_fake(tensor: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
 
     return isinstance(tensor, FakeTensor)
+
+
+def checkpointing_on(module: Any) -> None:
+    """Turn on a transformers model's activation (gradient) checkpointing.
+
+    transformers 5 names it ``activation_checkpointing_enable`` and warns that
+    ``gradient_checkpointing_enable`` will go in v6 (modeling_utils.py); older releases
+    have the second only. Either way the model recomputes each block in backward.
+
+    Raises:
+        ValueError: ``module`` has neither method (not a transformers model).
+    """
+    enable = getattr(module, "activation_checkpointing_enable", None)
+    enable = enable or getattr(module, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError(
+            f"gradient checkpointing needs a transformers model; {type(module).__name__} has "
+            "no activation_checkpointing_enable() or gradient_checkpointing_enable()"
+        )
+    enable()
