@@ -21,6 +21,7 @@ from torchfit.memory.gpus import GPU
 from torchfit.memory.plan import Plan, plan_card
 from torchfit.memory.step import Step
 from torchfit.speed import StepTime, step_time
+from torchfit.speed.comm import comm_for, data_parallel_time, link_of
 
 __all__ = ["fits"]
 
@@ -85,7 +86,7 @@ def fits(
         and host together; ``print`` it for the report.
 
     Raises:
-        ValueError: ``time`` or ``loader`` over several cards, ``loader`` without
+        ValueError: ``loader`` over several cards, ``loader`` without
             ``machine``, ``machine`` with state offloaded to the CPU (plan that host with
             `torchfit.host.host_fits(offloaded=...)`), a bad value or a contradiction (each
             message names the fix).
@@ -121,6 +122,11 @@ def fits(
         context_bytes=context_bytes,
         **keywords,
     )
+    if loader is not None and plan.num_gpus > 1:
+        raise ValueError(
+            f"loader= checks that one machine feeds one card; this plan is over "
+            f"{plan.num_gpus} cards: plan one card with loader=, or leave loader out"
+        )
     timed = None
     if time or loader is not None:
         timed = _time(model, plan)
@@ -129,14 +135,31 @@ def fits(
 
 
 def _time(model: Any, plan: Plan) -> StepTime:
-    """The planned step timed on the plan's card; one card only."""
-    if plan.num_gpus > 1:
-        raise ValueError(
-            f"time=True (or loader=) times one card's step; this plan is over "
-            f"{plan.num_gpus} cards and the communication between them is not modelled: "
-            "plan one card, or leave time and loader out"
-        )
-    return step_time(model, plan.gpu, plan.step)
+    """The planned step timed on the plan's card, or over its cards with their collectives."""
+    timed = step_time(model, plan.gpu, plan.step)
+    if plan.num_gpus == 1:
+        return timed
+    settings, step = plan.settings, plan.step
+    strategy = settings.strategy or "ddp"  # a list of cards without a strategy replicates
+    stored = 4 if step.mixed else step.compute.itemsize  # fp32 master weights under autocast
+    gathered = stored
+    if settings.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy(param_dtype=...)
+        gathered = parse_dtype(settings.param_dtype).itemsize
+    link = link_of(plan.gpu)
+    collectives = comm_for(
+        strategy,
+        ranks=plan.num_gpus,
+        link=link,
+        grad_bytes=timed.trainable * stored,
+        param_bytes=(timed.parameters if strategy == "fsdp" else timed.trainable) * gathered,
+    )
+    return data_parallel_time(
+        timed,
+        collectives,
+        ranks=plan.num_gpus,
+        accumulation=step.gradient_accumulation_steps,
+        link=link,
+    )
 
 
 def _host(

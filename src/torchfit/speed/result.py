@@ -16,7 +16,8 @@ class KindTime:
     """The time of one class of kernels in one phase.
 
     Attributes:
-        kind: ``"matmul"``, ``"conv"``, ``"attention"``, ``"memory"``, ``"dequant"``.
+        kind: ``"matmul"``, ``"conv"``, ``"attention"``, ``"memory"``, ``"dequant"``,
+            ``"comm"`` (data-parallel communication not hidden by compute).
         phase: ``"forward"``, ``"backward"`` or ``"optimizer"``.
         seconds: Their predicted time.
         flops: Their floating-point operations.
@@ -60,6 +61,10 @@ class StepTime:
         peak_flops: The card's dense peak for the step's compute dtype (MFU's denominator).
         breakdown: Time by kernel class and phase (`KindTime` rows).
         notes: How the numbers were made and what they leave out.
+        gpus: Cards the step runs on (data parallel: samples, tokens and FLOPs are the
+            job's, the peak is theirs together, and `cost` is per card-hour of each).
+        parameters: The model's parameters (0 where not counted).
+        trainable: Those that train (adapters only for LoRA).
 
     Example:
         >>> t = StepTime("m", "card", 0.5, 8, 8192, 1e15, 1e15, (), ())
@@ -78,6 +83,9 @@ class StepTime:
     peak_flops: float
     breakdown: tuple[KindTime, ...]
     notes: tuple[str, ...]
+    gpus: int = 1
+    parameters: int = 0
+    trainable: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -102,7 +110,7 @@ class StepTime:
         epochs: float | None = None,
         dataset_size: int | None = None,
     ) -> float:
-        """Hours on one card for ``tokens``, ``samples``, or ``epochs`` of ``dataset_size``.
+        """Hours (wall clock) for ``tokens``, ``samples``, or ``epochs`` of ``dataset_size``.
 
         Raises:
             ValueError: none or more than one amount, ``tokens`` for a model without
@@ -134,8 +142,8 @@ class StepTime:
         return amount / self.samples_per_s / _HOUR
 
     def cost(self, price_per_hour: float, **amount: Any) -> float:
-        """What `hours` (same keywords) costs at ``price_per_hour`` per card-hour."""
-        return _check_price(price_per_hour) * self.hours(**amount)
+        """What `hours` (same keywords) costs at ``price_per_hour`` per card-hour, all cards."""
+        return _check_price(price_per_hour) * self.hours(**amount) * self.gpus
 
     def phase_seconds(self, phase: str) -> float:
         """Predicted seconds of one phase: ``"forward"``, ``"backward"``, ``"optimizer"``."""

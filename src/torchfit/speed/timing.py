@@ -24,11 +24,13 @@ from torchfit.speed.workload import Workload, add_lora, hold_quantized_in, recor
 
 __all__ = ["NOT_MODELLED", "step_time", "time_workload"]
 
+#: The part of `NOT_MODELLED` a data-parallel step's time models (`torchfit.speed.comm`).
+COMMUNICATION = ", communication between GPUs"
 #: What the prediction leaves out; every `StepTime` carries these in its notes.
 NOT_MODELLED = (
     "not modelled: Python work outside ATen ops (generate's loop, a library's own "
-    "Python), torch.compile and CUDA graphs, data loading and host-to-device copies, "
-    "communication between GPUs, clock throttling"
+    f"Python), torch.compile and CUDA graphs, data loading and host-to-device copies"
+    f"{COMMUNICATION}, clock throttling"
 )
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _COMPUTE_KINDS = (OpKind.MATMUL, OpKind.CONV, OpKind.ATTENTION)
@@ -111,6 +113,8 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
         peak_flops=peak,
         breakdown=breakdown,
         notes=notes,
+        parameters=work.parameters,
+        trainable=work.trainable,
     )
 
 

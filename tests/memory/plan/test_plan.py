@@ -400,3 +400,17 @@ def test_a_traced_search_redraws_its_guess_and_asks_few_sizes(monkeypatch):
     assert len(set(asked)) <= 9, asked
     assert device.holds("resnet-18", at.replace(batch_size=largest), card)
     assert not device.holds("resnet-18", at.replace(batch_size=largest + 1), card)
+
+
+def test_lora_over_several_cards_shards_the_adapters_state_only():
+    """A LoRA or QLoRA step under DDP/ZeRO: the adapters' gradients and optimizer state are
+    what ZeRO shards (this crashed on trainable_params=1 until the adapters were counted)."""
+    kw = {"dtype": "nf4", "lora_rank": 8, "batch_size": 1, "seq_len": 64}
+    single = plan_card("llama-3.2-1b", "H100", **kw).estimate
+    zero2 = plan_card("llama-3.2-1b", ["H100"] * 2, strategy="zero2", **kw).estimate
+    assert zero2.optimizer == single.optimizer // 2 > 0  # the adapters' Adam state, halved
+    assert zero2.weights == single.weights  # the frozen base is replicated
+    ddp = plan_card("llama-3.2-1b", ["H100"] * 2, strategy="ddp", **kw).estimate
+    assert ddp.optimizer == single.optimizer
+    with pytest.raises(ValueError, match="plan it with strategy='ddp', 'zero1' or 'zero2'"):
+        plan_card("llama-3.2-1b", ["H100"] * 2, strategy="fsdp", **kw)

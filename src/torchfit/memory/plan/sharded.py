@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from torchfit._core.units import DType, parse_dtype
+from torchfit.memory import knobs
+from torchfit.memory.analytic.lora import lora_parameters
+from torchfit.memory.analytic.loraconfig import lora_setup
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.plan.settings import Settings, transformer_spec
@@ -44,15 +47,30 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     # the start of backward as its own moment: activations alive, no gradients yet
     # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
     step = settings.step
-    frozen = adapters_only(step.trainable_params, spec.num_params)
-    start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
+    trainable = step.trainable_params
+    if step.wants_lora or (step.training and step.quantization is not None):
+        if settings.strategy in {"fsdp", "hsdp"}:
+            raise ValueError(
+                f"strategy={settings.strategy!r} with LoRA adapters (or a 4/8-bit base): "
+                "FSDP's per-unit buffers for a frozen base with small trainable adapters are "
+                "not modelled; plan it with strategy='ddp', 'zero1' or 'zero2'"
+            )
+        # LoRA adapters train (a 4/8-bit base trains through PEFT's default ones): their
+        # gradients are a few MB, so the run's own estimate stands for the moment
+        setup = knobs.lora_of(
+            spec, step.lora, step.lora_rank, step.lora_targets, step.lora_dropout
+        ) or lora_setup(spec)
+        trainable, start = lora_parameters(spec, setup), single
+    else:
+        frozen = adapters_only(trainable, spec.num_params)
+        start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
     sharded = shard_estimate(
         single,
         strategy=settings.strategy,
         backward_start=start,
         world_size=settings.world_size,
-        params=step.trainable_params or spec.num_params,
+        params=trainable or spec.num_params,
         largest_layer_params=max(block, spec.embedding_params, spec.head_params),
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
