@@ -50,7 +50,8 @@ def test_a_loader_cost_checks_cores_and_disk_at_the_steps_pace():
     ("kwargs", "match"),
     [
         ({"loader": SampleCost(0.01, 0.01)}, r"loader= checks the cores and disk of a machine"),
-        ({"time": True, "gpu": ["H100", "H100"], "strategy": "ddp"}, r"times one card's step"),
+        ({"loader": SampleCost(0.01, 0.01), "machine": "this", "gpu": ["H100", "H100"],
+          "strategy": "ddp"}, r"one machine feeds one card"),
         (
             {"machine": "desktop-3060", "gpu": ["H100", "H100"], "strategy": "zero2",
              "offload_optimizer": True},

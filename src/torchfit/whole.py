@@ -86,7 +86,8 @@ def fits(
         and host together; ``print`` it for the report.
 
     Raises:
-        ValueError: ``loader`` over several cards, ``loader`` without
+        ValueError: ``loader`` over several cards, ``time`` for FSDP on a 4-bit base,
+            ``loader`` without
             ``machine``, ``machine`` with state offloaded to the CPU (plan that host with
             `torchfit.host.host_fits(offloaded=...)`), a bad value or a contradiction (each
             message names the fix).
@@ -141,6 +142,11 @@ def _time(model: Any, plan: Plan) -> StepTime:
         return timed
     settings, step = plan.settings, plan.step
     strategy = settings.strategy or "ddp"  # a list of cards without a strategy replicates
+    if step.quantization is not None and strategy in {"fsdp", "hsdp"}:
+        raise ValueError(
+            f"time=True with strategy={strategy!r} on a 4/8-bit base: gathering quantized "
+            "weights is not modelled; plan it with strategy='ddp' or 'zero2', or leave time out"
+        )
     stored = 4 if step.mixed else step.compute.itemsize  # fp32 master weights under autocast
     gathered = stored
     if settings.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy(param_dtype=...)

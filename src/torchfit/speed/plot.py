@@ -11,12 +11,14 @@ picture and the table cannot disagree.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchfit._core.imports import require
 
-if TYPE_CHECKING:
-    from torchfit.speed.compare import CardRow, Comparison
+#: `torchfit.speed.compare`'s `Comparison` and `CardRow`, read by attribute (compare
+#: draws with this module, so it is not imported here, not even for types).
+Comparison = Any
+CardRow = Any
 
 __all__ = ["draw_comparison", "plot_comparison"]
 
@@ -30,7 +32,7 @@ def _rate(row: CardRow) -> float:
 
 def _unit(table: Comparison) -> str:
     timed = [row for row in table.rows if row.time is not None]
-    return "tokens/s" if timed and timed[0].time.tokens_per_s is not None else "samples/s"  # type: ignore[union-attr]
+    return "tokens/s" if timed and timed[0].time.tokens_per_s is not None else "samples/s"
 
 
 def draw_comparison(table: Comparison) -> Any:

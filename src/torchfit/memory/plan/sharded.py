@@ -49,18 +49,14 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     step = settings.step
     trainable = step.trainable_params
     if step.wants_lora or (step.training and step.quantization is not None):
-        if settings.strategy in {"fsdp", "hsdp"}:
-            raise ValueError(
-                f"strategy={settings.strategy!r} with LoRA adapters (or a 4/8-bit base): "
-                "FSDP's per-unit buffers for a frozen base with small trainable adapters are "
-                "not modelled; plan it with strategy='ddp', 'zero1' or 'zero2'"
-            )
-        # LoRA adapters train (a 4/8-bit base trains through PEFT's default ones): their
-        # gradients are a few MB, so the run's own estimate stands for the moment
+        # LoRA adapters train (a 4/8-bit base trains through PEFT's default ones): count
+        # them, and take the moment with the adapters' fields replaced by that count
         setup = knobs.lora_of(
             spec, step.lora, step.lora_rank, step.lora_targets, step.lora_dropout
         ) or lora_setup(spec)
-        trainable, start = lora_parameters(spec, setup), single
+        trainable = lora_parameters(spec, setup)
+        plain = {"lora": None, "lora_rank": None, "lora_targets": None, "lora_dropout": None}
+        start = estimate(model, step.replace(**plain, trainable_params=1, frozen_base=True))
     else:
         frozen = adapters_only(trainable, spec.num_params)
         start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
