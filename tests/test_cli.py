@@ -397,8 +397,9 @@ def test_plan_time_adds_the_planned_steps_time_on_the_card(capsys):
     assert "time" not in json.loads(capsys.readouterr().out)
 
 
-def test_plan_time_over_several_cards_is_refused(capsys):
+def test_plan_time_over_several_cards_adds_their_collectives(capsys):
     argv = ["plan", "gpt2", "--gpu", "H100", "--gpus", "2", "--strategy", "ddp", "--time"]
-    assert main([*argv, "--seq", "256"]) == 2
-    err = capsys.readouterr().err
-    assert "--time" in err and "times one card's step" in err and "2 cards" in err
+    assert main([*argv, "--seq", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2 on 2 x NVIDIA H100 SXM:" in out
+    assert "2 GPUs over NVLink 4 + NVSwitch" in out and "DDP: the gradients all-reduced" in out
