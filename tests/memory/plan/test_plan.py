@@ -414,3 +414,5 @@ def test_lora_over_several_cards_shards_the_adapters_state_only():
     assert ddp.optimizer == single.optimizer
     fsdp = plan_card("llama-3.2-1b", ["H100"] * 2, strategy="fsdp", **kw).estimate
     assert fsdp.optimizer == zero2.optimizer  # the adapters' state sharded the same way
+    # in backward two units' gradients are in flight: a block's adapters, not its weights
+    assert fsdp.gradients <= single.gradients

@@ -7,6 +7,7 @@ FSDP2 ``MixedPrecisionPolicy`` with a 16-bit ``param_dtype`` gathers 16-bit para
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torchfit._core.units import DType, parse_dtype
@@ -55,11 +56,13 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
             spec, step.lora, step.lora_rank, step.lora_targets, step.lora_dropout
         ) or lora_setup(spec)
         trainable = lora_parameters(spec, setup)
+        unit_trainable: int | None = math.ceil(trainable / spec.num_layers)  # a block's
         plain = {"lora": None, "lora_rank": None, "lora_targets": None, "lora_dropout": None}
         start = estimate(model, step.replace(**plain, trainable_params=1, frozen_base=True))
     else:
         frozen = adapters_only(trainable, spec.num_params)
         start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
+        unit_trainable = math.ceil(trainable / spec.num_layers) if frozen else None
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
     sharded = shard_estimate(
         single,
@@ -68,6 +71,7 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         world_size=settings.world_size,
         params=trainable or spec.num_params,
         largest_layer_params=max(block, spec.embedding_params, spec.head_params),
+        unit_trainable_params=unit_trainable,
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
         gpus_per_node=settings.gpus_per_node,

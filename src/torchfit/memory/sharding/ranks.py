@@ -36,6 +36,7 @@ def shard_estimate(
     world_size: int,
     params: int,
     largest_layer_params: int,
+    unit_trainable_params: int | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     reshard_after_forward: bool = True,
     offload_optimizer: bool = False,
@@ -71,6 +72,8 @@ def shard_estimate(
         params: Parameters that train (they have gradients and optimizer state).
         largest_layer_params: Parameters of the largest FSDP unit / ZeRO-3 module
             (a transformer block, or the embedding if larger).
+        unit_trainable_params: Of those, the ones that train (LoRA adapters on a frozen
+            base): the unit's gradients in flight in backward. Default: all of them.
         bucket_bytes: Gradient-reduction bucket size (DDP's ``bucket_cap_mb``, DeepSpeed's
             ``reduce_bucket_size``).
         reshard_after_forward: FSDP2 frees gathered parameters after each layer's forward
@@ -117,6 +120,9 @@ def shard_estimate(
         world_size=world_size,
         params=params,
         largest_layer_params=largest_layer_params,
+        unit_trainable_params=(
+            largest_layer_params if unit_trainable_params is None else unit_trainable_params
+        ),
         bucket_bytes=bucket_bytes,
         reshard_after_forward=reshard_after_forward,
         offload_optimizer=offload_optimizer,
@@ -190,6 +196,7 @@ class _Options:
     world_size: int
     params: int
     largest_layer_params: int
+    unit_trainable_params: int
     bucket_bytes: int
     reshard_after_forward: bool
     offload_optimizer: bool
@@ -312,7 +319,7 @@ def _fully_sharded(
     gathered = 2 * unit_params
     if not o.reshard_after_forward and estimate.peak_at != "end of backward":
         gathered = max(gathered, math.ceil(o.params * o.param_bytes))
-    in_flight = 2 * math.ceil(o.largest_layer_params * o.grad_bytes)
+    in_flight = 2 * math.ceil(o.unit_trainable_params * o.grad_bytes)
     return shard_w + gathered, shard_g + in_flight, workspace
 
 
