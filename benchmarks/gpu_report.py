@@ -89,7 +89,7 @@ def precision_of(rec: dict[str, Any]) -> str:
 
 
 def estimate_kwargs(rec: dict[str, Any], batch: int) -> dict[str, Any]:
-    """The case in `estimate`'s words (what it cannot say is noted by `unsaid`)."""
+    """The case in `estimate`'s words (every gpu_check.py recipe has them)."""
     kw: dict[str, Any] = {"batch_size": batch, "device": "cuda"}
     if rec.get("task") == "vision":
         kw["input_shape"] = (3, 224, 224)
@@ -114,11 +114,6 @@ def estimate_kwargs(rec: dict[str, Any], batch: int) -> dict[str, Any]:
     if rec.get("task") != "vision" and config_of(rec)._attn_implementation == "eager":  # noqa: SLF001
         kw["attn_implementation"] = "eager"
     return kw
-
-
-def unsaid(rec: dict[str, Any]) -> str:
-    """What of the recipe the estimate's words cannot carry."""
-    return ""  # every recipe of gpu_check.py has its words now (fused, per-parameter AdamW)
 
 
 def model_ref(rec: dict[str, Any]) -> Any:
@@ -218,9 +213,9 @@ def report(path: Path, *, with_trace: bool) -> tuple[str, list[float], list[floa
         "",
         (
             "| case | allocated | analytic | trace | reserved | analytic | trace | "
-            "device | analytic | not said |"
+            "device | analytic |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     alloc_errs: list[float] = []
     res_errs: list[float] = []
@@ -252,7 +247,7 @@ def report(path: Path, *, with_trace: bool) -> tuple[str, list[float], list[floa
             f"| {rec['case']} | {_gib(alloc)} | {_err(a.total, alloc)} | "
             f"{_err(t and t.total, alloc)} | {_gib(reserved)} | {_err(a.reserved, reserved)} | "
             f"{_err(t and t.reserved, reserved)} | {_gib(reserved + context)} | "
-            f"{_err(a.device_total, reserved + context)} | {unsaid(rec)} |"
+            f"{_err(a.device_total, reserved + context)} |"
         )
     if alloc_errs:
         rows += ["", summary(alloc_errs, res_errs)]
