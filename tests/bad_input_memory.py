@@ -396,7 +396,8 @@ MEMORY: list[Case] = [
             "params": 1000,
             "largest_layer_params": 100,
         },
-        kinds=SHARD | {"world_size": COUNT, "gpus_per_node": COUNT},
+        kinds=SHARD
+        | {"world_size": COUNT, "gpus_per_node": COUNT, "unit_trainable_params": NON_NEGATIVE},
     ),
     Case(
         "parse_strategy",

@@ -210,6 +210,7 @@ class _Options:
         check_world_size(self.world_size)
         check_count("params", self.params)
         check_count("largest_layer_params", self.largest_layer_params)
+        check_count("unit_trainable_params", self.unit_trainable_params)
         check_count("bucket_bytes", self.bucket_bytes)
         check_count("autocast_copies", self.autocast_copies)
         if self.offload_optimizer and self.kind in {Strategy.NONE, Strategy.DDP}:
