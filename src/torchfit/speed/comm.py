@@ -15,7 +15,7 @@ those bytes over the link's bus bandwidth (`collective_seconds`).
   nccl-tests issue 272).
 - NVLink 3 through NVSwitch (HGX/DGX A100): 300 GB/s per direction (NVIDIA A100
   datasheet: 600 GB/s NVLink, both directions); at the same share NCCL leaves on NVLink 4
-  (370 / 450) that is about 245 GB/s; A100's switch has no SHARP, so all-reduce runs as a
+  (370 / 450) that is about 247 GB/s; A100's switch has no SHARP, so all-reduce runs as a
   ring.
 - PCIe 3.0, 4.0, 5.0 x16: 15.75, 31.5, 63 GB/s per direction (PCI-SIG), at the same share:
   about 13, 26 and 52 GB/s. GeForce cards from the RTX 40 series on do not allow
