@@ -416,3 +416,16 @@ def test_lora_over_several_cards_shards_the_adapters_state_only():
     assert fsdp.optimizer == zero2.optimizer  # the adapters' state sharded the same way
     # in backward two units' gradients are in flight: a block's adapters, not its weights
     assert fsdp.gradients <= single.gradients
+
+
+def test_ranks_gather_and_bucket_parameters_in_the_dtype_the_step_holds_them():
+    """bf16-true holds 2-byte parameters and gradients: FSDP gathers and DDP's buckets copy
+    half the bytes they do under bf16-mixed's fp32 master weights."""
+    kw = {"batch_size": 1, "seq_len": 64}
+    mixed = plan_card("llama-3.2-1b", ["H100"] * 4, strategy="ddp", precision="bf16-mixed", **kw)
+    true = plan_card("llama-3.2-1b", ["H100"] * 4, strategy="ddp", precision="bf16-true", **kw)
+    assert true.estimate.gradients * 2 == mixed.estimate.gradients
+    fsdp = {"strategy": "fsdp", **kw}
+    mixed = plan_card("llama-3.2-1b", ["H100"] * 4, precision="bf16-mixed", **fsdp).estimate
+    true = plan_card("llama-3.2-1b", ["H100"] * 4, precision="bf16-true", **fsdp).estimate
+    assert true.weights * 2 == pytest.approx(mixed.weights, rel=1e-6)  # shards + 2 units

@@ -75,12 +75,22 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
         gpus_per_node=settings.gpus_per_node,
-        **_policy(spec, settings),
+        **{**_stored(step), **_policy(spec, settings)},
     )
     if settings.param_dtype is None:
         return sharded
     policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.param_dtype}): 16-bit gathers"
     return sharded.replace(notes=(*sharded.notes, policy))
+
+
+def _stored(step: Any) -> dict[str, float]:
+    """Bytes of a parameter and of a gradient as the step holds them.
+
+    fp32 master weights (and their gradients) under autocast, the compute dtype under a
+    ``*-true`` precision: what FSDP gathers and DDP's buckets copy.
+    """
+    itemsize = 4 if step.mixed else step.compute.itemsize
+    return {"param_bytes": itemsize, "grad_bytes": itemsize}
 
 
 def _policy(spec: Any, settings: Settings) -> dict[str, Any]:
