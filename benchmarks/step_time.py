@@ -10,8 +10,9 @@ them, nothing here is fitted to them.
     python benchmarks/step_time.py
     python benchmarks/step_time.py --published   # the published-throughput set
 
-``--published`` predicts every run of ``speed_published.json`` (published single-card
-training throughputs, each with its source URL and recipe) on its own card.
+``--published`` predicts every run of ``speed_published.json`` (published training
+throughputs, each with its source URL and recipe) on its own card, or for a run over
+several cards (``gpus``, ``strategy``) with `torchfit.fits(..., time=True)`.
 
 Vision cases build torchvision's models; without torchvision they are listed as skipped.
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 import transformers
 
+import torchfit
 from torchfit.speed import step_time
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -176,6 +178,21 @@ def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def _predicted_seconds(model: Any, run: dict[str, Any]) -> float:
+    """One step of ``run`` on its card, or over its ``gpus`` cards with their collectives."""
+    if "gpus" not in run:
+        return step_time(model, run["card"], **published_kwargs(run)).seconds
+    plan = torchfit.fits(
+        model,
+        [run["card"]] * run["gpus"],
+        strategy=run["strategy"],
+        param_dtype=run.get("param_dtype"),
+        time=True,
+        **published_kwargs(run),
+    )
+    return plan.time.seconds
+
+
 def published_table() -> list[float]:
     """Predict each published run on its card; print the error of each and the median."""
     data = json.loads(PUBLISHED.read_text())
@@ -190,7 +207,7 @@ def published_table() -> list[float]:
         model = (
             transformers.AutoConfig.for_model(**run["config"]) if "config" in run else run["model"]
         )
-        predicted = step_time(model, run["card"], **published_kwargs(run)).seconds
+        predicted = _predicted_seconds(model, run)
         error = predicted / run["step_s"] - 1
         errors.append(error)
         print(
