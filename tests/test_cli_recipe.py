@@ -126,3 +126,11 @@ def test_a_file_that_is_no_config_is_refused_naming_the_flag(tmp_path, text, nee
     err = capsys.readouterr().err
     assert err.startswith("torchfit: error: argument --recipe:") and needle in err
     assert err.count("\n") == 1
+
+
+def test_the_unsloth_recipe_by_name_with_its_length_replaced(capsys):
+    argv = ["plan", "llama-3.1-8b", "--gpu", "RTX 4090", "--recipe", "unsloth", "--seq", "4096"]
+    data, err = _plan_json(argv, capsys)
+    step = data["settings"]["step"]
+    assert (step["seq_len"], step["quantization"], step["kbit_prepare"]) == (4096, "nf4", False)
+    assert "note: Unsloth recipe:" in err and "no --seq given" not in err

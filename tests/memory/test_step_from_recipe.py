@@ -291,3 +291,37 @@ def test_the_read_fields_name_where_each_came_from():
     assert set(read.read_from) == set(read.fields)
     assert read.read_from["optimizer"].startswith("optimizer._component_: torch.optim.AdamW")
     assert {f.name for f in dataclasses.fields(Step)} >= set(read.fields)
+
+
+# --- Unsloth (a recipe written in code) ------------------------------------------------------
+
+
+def test_unsloth_is_its_readmes_qlora_with_the_rest_kept_16bit():
+    with pytest.warns(NotModelledWarning) as caught:
+        step = Step.from_recipe("unsloth")
+    assert (step.quantization, step.double_quant, step.kbit_prepare) == ("nf4", True, False)
+    assert step.precision == "auto"  # bf16 = is_bfloat16_supported(), else fp16
+    assert (step.lora_rank, step.lora_dropout, len(step.lora_targets)) == (16, 0.0, 7)
+    assert step.optimizer == "adamw-8bit" and step.gradient_checkpointing
+    assert (step.batch_size, step.gradient_accumulation_steps, step.seq_len) == (2, 4, 2048)
+    assert {w.filename for w in caught} == {__file__}
+    assert any("checkpoint to CPU memory" in str(w.message) for w in caught)
+
+
+def test_unsloths_values_are_defaults_a_caller_replaces():
+    with pytest.warns(NotModelledWarning):
+        step = Step.from_recipe("UNSLOTH", seq_len=8192, batch_size=1, optimizer="adamw")
+    assert (step.seq_len, step.batch_size, step.optimizer) == (8192, 1, "adamw")
+    with pytest.warns(NotModelledWarning):
+        step = Step.from_recipe("unsloth", seq_len=64, precision="bf16-mixed")  # a bf16 card
+    # PEFT's preparation would cast the embeddings, norms and head to fp32
+    peft = step.replace(kbit_prepare=True)
+    assert estimate(_llama(), step=step).weights < estimate(_llama(), step=peft).weights
+
+
+def test_a_file_named_like_a_recipe_is_an_error_saying_both(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "unsloth").write_text(LITGPT_QLORA)
+    with pytest.raises(ValueError, match=r"names both a file here and the unsloth recipe"):
+        Step.from_recipe("unsloth")
+    assert Step.from_recipe("./unsloth").optimizer == "paged-adamw"  # the file, LitGPT's

@@ -219,7 +219,8 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(args.model, plan, args.plot)
     traced = extras.traced(args, plan) if args.trace else None
     placed = extras.device_map(args, plan) if args.device_map else None
-    if args.seq_len is None and plan.step.seq_len is not None:  # before the answer, on stderr
+    chosen = args.seq_len if recipe is None else recipe.seq_len  # the recipe's own length
+    if chosen is None and plan.step.seq_len is not None:  # before the answer, on stderr
         print(_default_seq(model, plan.step.seq_len), file=sys.stderr)
     found = {"traced": traced, "device_map": placed}
     if args.json:

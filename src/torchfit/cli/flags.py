@@ -92,8 +92,9 @@ def add_step_flags(plan: argparse.ArgumentParser) -> None:
         default=None,
         type=values.recipe_file,
         metavar="FILE",
-        help="a torchtune or LitGPT fine-tuning config (YAML): the step as its code runs it; "
-        "step flags given beside it must agree with it or fill what it leaves open",
+        help="a torchtune or LitGPT fine-tuning config (YAML), or 'unsloth' (its README's "
+        "QLoRA): the step as that code runs it; step flags beside it fill what it leaves "
+        "open or must agree with it (an unsloth default they replace)",
     )
 
 

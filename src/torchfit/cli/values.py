@@ -251,13 +251,18 @@ def _plot(text: str) -> object:
 
 
 def _recipe(text: str) -> object:
-    """A torchtune or LitGPT config file, read and recognized (`recipe_fields`)."""
-    from torchfit.memory.step.recipes import recipe_fields  # noqa: PLC0415
+    """A torchtune or LitGPT config file, or a recipe's name, read and recognized."""
+    from torchfit.memory.step.recipes import NAMED_RECIPES, recipe_fields  # noqa: PLC0415
 
     path = Path(_text(text))
+    if text.strip().lower() in NAMED_RECIPES:
+        return recipe_fields(text)  # a name (or, if a file has it too, the error saying so)
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
-        raise ValueError(f"expected a torchtune or LitGPT config file (YAML); {text!r} is {what}")
+        raise ValueError(
+            f"expected a torchtune or LitGPT config file (YAML) or a recipe name "
+            f"({', '.join(NAMED_RECIPES)}); {text!r} is {what}"
+        )
     try:
         return recipe_fields(path, seq_len=1)  # a length for chunked losses: only checked
     except OSError as error:

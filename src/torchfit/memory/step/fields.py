@@ -11,7 +11,14 @@ from torchfit._core.optimizers import parse_optimizer
 from torchfit._core.step import parse_precision_name
 from torchfit._core.units import parse_dtype
 
-__all__ = ["NotModelledWarning", "StepFields", "made_from", "merge_fields", "step_field"]
+__all__ = [
+    "FieldsRead",
+    "NotModelledWarning",
+    "StepFields",
+    "made_from",
+    "merge_fields",
+    "step_field",
+]
 
 
 def step_field(*, default: Any, help: str, flag: str | None = None, kind: str = "") -> Any:  # noqa: A002
@@ -39,6 +46,8 @@ class StepFields:
         unsupported: Fields whose setting has no `Step` value, with the reason;
             `merge_fields` raises it unless the caller gives the field.
         notes: Settings that change memory and are not modelled, in words.
+        defaults: The fields are a recipe's defaults that a caller changes freely (a
+            recipe written in code): a given field replaces one, it cannot contradict it.
     """
 
     source: str
@@ -47,6 +56,7 @@ class StepFields:
     agrees: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    defaults: bool = False
 
     def warn(self, *, stacklevel: int = 1) -> None:
         """Emit each note as a `NotModelledWarning`.
@@ -56,6 +66,32 @@ class StepFields:
         """
         for note in self.notes:
             warnings.warn(f"{self.source}: {note}", NotModelledWarning, stacklevel=stacklevel + 1)
+
+
+@dataclasses.dataclass
+class FieldsRead:
+    """A `StepFields` as a reader collects it: each field with the setting it came from."""
+
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    read_from: dict[str, str] = dataclasses.field(default_factory=dict)
+    unsupported: dict[str, str] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def set(self, setting: str, **fields: Any) -> None:
+        """``fields`` read from ``setting`` (the words a contradiction error quotes)."""
+        self.fields.update(fields)
+        self.read_from.update(dict.fromkeys(fields, setting))
+
+    def done(self, source: str, *, defaults: bool = False) -> StepFields:
+        """The collected fields as the `StepFields` of ``source``."""
+        return StepFields(
+            defaults=defaults,
+            source=source,
+            fields=self.fields,
+            read_from=self.read_from,
+            unsupported=self.unsupported,
+            notes=tuple(self.notes),
+        )
 
 
 def _canonical(name: str, value: Any) -> Any:
@@ -106,7 +142,9 @@ def merge_fields(derived: StepFields, given: Mapping[str, Any]) -> dict[str, Any
         if name not in given:
             raise ValueError(f"{derived.source}: {reason}")
     for name, value in given.items():
-        if name not in derived.fields or (name == "optimizer" and _is_factory(value)):
+        if derived.defaults or name not in derived.fields:
+            continue
+        if name == "optimizer" and _is_factory(value):
             continue
         read = derived.fields[name]
         mine = _canonical(name, value)

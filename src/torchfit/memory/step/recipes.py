@@ -33,9 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from torchfit._core.imports import require
+from torchfit.memory.step.fields import FieldsRead as _Read
 from torchfit.memory.step.fields import StepFields
+from torchfit.memory.step.unsloth import unsloth_fields
 
-__all__ = ["TORCHTUNE_OPTIMIZERS", "recipe_fields"]
+__all__ = ["NAMED_RECIPES", "TORCHTUNE_OPTIMIZERS", "recipe_fields"]
+
+#: Recipes written in code, not a config file, by name: ``Step.from_recipe("unsloth")``.
+NAMED_RECIPES = {"unsloth": unsloth_fields}
 
 #: torchtune's ``optimizer._component_`` values torchfit has a model for (torch's AdamW
 #: takes ``fused``/``foreach`` from the config's other keys).
@@ -82,7 +87,8 @@ def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
     Args:
         config: The config as a mapping (an OmegaConf ``DictConfig`` too) or the path of
             its YAML file. torchtune's has ``model._component_``; LitGPT's a ``train``
-            section or ``lora_r``/``precision``/``quantize``.
+            section or ``lora_r``/``precision``/``quantize``. Or the name of a recipe
+            written in code (`NAMED_RECIPES`: ``"unsloth"``, its README's QLoRA).
         seq_len: The caller's sequence length where the config leaves it open: torchtune's
             chunked losses cut the tokens into a number of chunks, so their size needs it.
 
@@ -106,6 +112,13 @@ def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
         >>> read.fields["quantization"], read.fields["lora_targets"], read.fields["loss_chunk_size"]
         ('nf4', ('query', 'value', 'mlp'), 256)
     """
+    if isinstance(config, str) and config.strip().lower() in NAMED_RECIPES:
+        if Path(config).exists():
+            raise ValueError(
+                f"{config!r} names both a file here and the {config.strip()} recipe; pass "
+                f"'./{config}' for the file"
+            )
+        return NAMED_RECIPES[config.strip().lower()](seq_len=seq_len)
     data = _as_mapping(config)
     model = data.get("model")
     if isinstance(model, Mapping) and "_component_" in model:
@@ -138,29 +151,6 @@ def _as_mapping(config: Any) -> Mapping[str, Any]:
             f"{type(config).__name__} {config!r}"
         )
     return config
-
-
-class _Read:
-    """The fields of one config as they are read, with where each came from."""
-
-    def __init__(self) -> None:
-        self.fields: dict[str, Any] = {}
-        self.read_from: dict[str, str] = {}
-        self.unsupported: dict[str, str] = {}
-        self.notes: list[str] = []
-
-    def set(self, setting: str, **fields: Any) -> None:
-        self.fields.update(fields)
-        self.read_from.update(dict.fromkeys(fields, setting))
-
-    def done(self, source: str) -> StepFields:
-        return StepFields(
-            source=source,
-            fields=self.fields,
-            read_from=self.read_from,
-            unsupported=self.unsupported,
-            notes=tuple(self.notes),
-        )
 
 
 def _cap(read: _Read, key: str, cap: Any, given: int | None) -> int:
