@@ -19,6 +19,7 @@ from torchfit.host import HostPlan, Machine, SampleCost, host_fits, machine, thi
 from torchfit.loaders import LoaderReport
 from torchfit.memory.gpus import GPU
 from torchfit.memory.plan import Plan, plan_card
+from torchfit.memory.plan.sharded import stored_itemsize
 from torchfit.memory.step import Step
 from torchfit.speed import StepTime, step_time
 from torchfit.speed.comm import comm_for, data_parallel_time, link_of
@@ -147,8 +148,8 @@ def _time(model: Any, plan: Plan) -> StepTime:
             f"time=True with strategy={strategy!r} on a 4/8-bit base: gathering quantized "
             "weights is not modelled; plan it with strategy='ddp' or 'zero2', or leave time out"
         )
-    stored = 4 if step.mixed else step.compute.itemsize  # fp32 master weights under autocast
-    gathered = stored
+    stored = stored_itemsize(step)
+    gathered: float = stored
     if settings.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy(param_dtype=...)
         gathered = parse_dtype(settings.param_dtype).itemsize
     link = link_of(plan.gpu)

@@ -251,12 +251,20 @@ def _plot(text: str) -> object:
 
 
 def _recipe(text: str) -> object:
-    """A torchtune or LitGPT config file, or a recipe's name, read and recognized."""
-    from torchfit.memory.step.recipes import NAMED_RECIPES, recipe_fields  # noqa: PLC0415
+    """A recipe's name, or its config file read once into a mapping; recognized either way.
+
+    `Step.from_recipe` takes both, so the file is not read again.
+    """
+    from torchfit.memory.step.recipes import (  # noqa: PLC0415
+        NAMED_RECIPES,
+        config_mapping,
+        recipe_fields,
+    )
 
     path = Path(_text(text))
     if text.strip().lower() in NAMED_RECIPES:
-        return recipe_fields(text)  # a name (or, if a file has it too, the error saying so)
+        recipe_fields(text)  # if a file has the name too, the error saying so
+        return text
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
         raise ValueError(
@@ -264,9 +272,11 @@ def _recipe(text: str) -> object:
             f"({', '.join(NAMED_RECIPES)}); {text!r} is {what}"
         )
     try:
-        return recipe_fields(path, seq_len=1)  # a length for chunked losses: only checked
+        config = config_mapping(path)
     except OSError as error:
         raise ValueError(f"cannot read {text!r}: {error.strerror or error}") from None
+    recipe_fields(config)  # torchtune's or LitGPT's, or the error saying what it is not
+    return config
 
 
 dtype = _reader("dtype", _dtype, keep=True)
@@ -286,7 +296,7 @@ machine = _reader("machine", _machine, keep=True)
 amount = _reader("amount", _amount, keep=False)
 price = _reader("price", _price, keep=False)
 names = _reader("names", _names, keep=False)
-recipe_file = _reader("recipe", _recipe, keep=True)
+recipe_file = _reader("recipe", _recipe, keep=False)
 model_name = _reader("model", _model, keep=True)
 plot_path = _reader("plot", _plot, keep=True)
 shape = _reader("shape", _shape, keep=False)

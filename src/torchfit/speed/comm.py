@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchfit.memory.sharding.strategies import DEFAULT_BUCKET_BYTES
 from torchfit.speed.result import KindTime, StepTime
 from torchfit.speed.timing import COMMUNICATION
 
@@ -193,7 +194,7 @@ def comm_for(
     link: Link,
     grad_bytes: float,
     param_bytes: float,
-    bucket_bytes: float = 25 * 2**20,
+    bucket_bytes: float = DEFAULT_BUCKET_BYTES,
 ) -> CommPlan:
     """The collectives of one optimizer step under ``strategy`` (module notes).
 
@@ -210,8 +211,8 @@ def comm_for(
     def ring(kind: str, nbytes: float) -> float:
         return collective_seconds(kind, nbytes, ranks, link)
 
-    bucket = ring("all_reduce", min(bucket_bytes, grad_bytes))
     if strategy == "ddp":
+        bucket = ring("all_reduce", min(bucket_bytes, grad_bytes))  # the last, after backward
         return CommPlan(
             0.0, ring("all_reduce", grad_bytes), bucket, grad_bytes, per_micro_batch=False,
             what="DDP: the gradients all-reduced in 25 MiB buckets during backward",

@@ -20,7 +20,7 @@ from torchfit.memory.plan.settings import Settings, transformer_spec
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
-__all__ = ["per_rank", "shard_param_dtype"]
+__all__ = ["per_rank", "shard_param_dtype", "stored_itemsize"]
 
 
 def shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
@@ -49,20 +49,24 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     # (trainable_params=1 keeps gradients out; the saved tensors stay those of the real run)
     step = settings.step
     trainable = step.trainable_params
-    if step.wants_lora or (step.training and step.quantization is not None):
+    adapters = step.wants_lora or (step.training and step.quantization is not None)
+    if adapters:
         # LoRA adapters train (a 4/8-bit base trains through PEFT's default ones): count
         # them, and take the moment with the adapters' fields replaced by that count
         setup = knobs.lora_of(
             spec, step.lora, step.lora_rank, step.lora_targets, step.lora_dropout
         ) or lora_setup(spec)
         trainable = lora_parameters(spec, setup)
-        unit_trainable: int | None = math.ceil(trainable / spec.num_layers)  # a block's
         plain = {"lora": None, "lora_rank": None, "lora_targets": None, "lora_dropout": None}
         start = estimate(model, step.replace(**plain, trainable_params=1, frozen_base=True))
     else:
-        frozen = adapters_only(trainable, spec.num_params)
-        start = estimate(model, step.replace(trainable_params=1, frozen_base=frozen))
-        unit_trainable = math.ceil(trainable / spec.num_layers) if frozen else None
+        adapters = adapters_only(trainable, spec.num_params)
+        start = estimate(model, step.replace(trainable_params=1, frozen_base=adapters))
+    # a unit's gradients in flight: a block's adapters on a frozen base, else its weights
+    unit_trainable = None
+    if adapters and trainable is not None:
+        unit_trainable = math.ceil(trainable / spec.num_layers)
+    stored = stored_itemsize(step)
     block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
     sharded = shard_estimate(
         single,
@@ -75,7 +79,7 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
         gpus_per_node=settings.gpus_per_node,
-        **{**_stored(step), **_policy(spec, settings)},
+        **{"param_bytes": stored, "grad_bytes": stored, **_policy(spec, settings)},
     )
     if settings.param_dtype is None:
         return sharded
@@ -83,14 +87,13 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     return sharded.replace(notes=(*sharded.notes, policy))
 
 
-def _stored(step: Any) -> dict[str, float]:
-    """Bytes of a parameter and of a gradient as the step holds them.
+def stored_itemsize(step: Any) -> int:
+    """Bytes of a parameter (and of its gradient) as the step holds it.
 
-    fp32 master weights (and their gradients) under autocast, the compute dtype under a
-    ``*-true`` precision: what FSDP gathers and DDP's buckets copy.
+    fp32 master weights under autocast, the compute dtype under a ``*-true`` precision:
+    what FSDP gathers, DDP's buckets copy and the collectives send.
     """
-    itemsize = 4 if step.mixed else step.compute.itemsize
-    return {"param_bytes": itemsize, "grad_bytes": itemsize}
+    return 4 if step.mixed else int(step.compute.itemsize)
 
 
 def _policy(spec: Any, settings: Settings) -> dict[str, Any]:

@@ -376,9 +376,9 @@ class Step:
 
     @classmethod
     def from_recipe(cls, config: Any, **fields: Any) -> Step:
-        """A `Step` from a torchtune or LitGPT fine-tuning config (a dict or its YAML path).
+        """A `Step` from a torchtune or LitGPT config (a dict or its YAML path), or ``"unsloth"``.
 
-        Read as `recipe_fields` says; activation offloading and ``compile`` warn.
+        Read as `recipe_fields` says; what is not modelled warns.
 
         Example:
             >>> Step.from_recipe({"precision": "bf16-true", "quantize": "bnb.nf4", "lora_r": 32,

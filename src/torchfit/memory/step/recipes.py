@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from torchfit._core.imports import require
-from torchfit.memory.step.fields import FieldsRead as _Read
-from torchfit.memory.step.fields import StepFields
+from torchfit.memory.step.fields import FieldsRead, StepFields
 from torchfit.memory.step.unsloth import unsloth_fields
 
-__all__ = ["NAMED_RECIPES", "TORCHTUNE_OPTIMIZERS", "recipe_fields"]
+__all__ = ["NAMED_RECIPES", "TORCHTUNE_OPTIMIZERS", "config_mapping", "recipe_fields"]
 
 #: Recipes written in code, not a config file, by name: ``Step.from_recipe("unsloth")``.
 NAMED_RECIPES = {"unsloth": unsloth_fields}
@@ -119,7 +118,7 @@ def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
                 f"'./{config}' for the file"
             )
         return NAMED_RECIPES[config.strip().lower()](seq_len=seq_len)
-    data = _as_mapping(config)
+    data = config_mapping(config)
     model = data.get("model")
     if isinstance(model, Mapping) and "_component_" in model:
         return _torchtune(data, seq_len=seq_len)
@@ -132,8 +131,14 @@ def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
     )
 
 
-def _as_mapping(config: Any) -> Mapping[str, Any]:
-    """``config`` as a plain mapping: a dict, a DictConfig, or a YAML file read."""
+def config_mapping(config: Any) -> Mapping[str, Any]:
+    """``config`` as a plain mapping: a dict, a DictConfig, or a YAML file read.
+
+    Raises:
+        TypeError: neither a mapping nor a path.
+        ValueError: a file that is not YAML.
+        OSError: a path that cannot be read.
+    """
     if isinstance(config, (str, os.PathLike)):
         yaml = require("yaml", feature="reading a recipe's YAML file")
         with Path(config).open(encoding="utf-8") as handle:
@@ -153,7 +158,7 @@ def _as_mapping(config: Any) -> Mapping[str, Any]:
     return config
 
 
-def _cap(read: _Read, key: str, cap: Any, given: int | None) -> int:
+def _cap(read: FieldsRead, key: str, cap: Any, given: int | None) -> int:
     """The sequence length under a config's cap: the caller's if within it, else the cap.
 
     Both projects truncate longer samples to the cap and pad a batch to its longest
@@ -170,7 +175,7 @@ def _cap(read: _Read, key: str, cap: Any, given: int | None) -> int:
 
 
 def _torchtune(data: Mapping[str, Any], *, seq_len: int | None) -> StepFields:
-    read = _Read()
+    read = FieldsRead()
     dtype = str(data.get("dtype", "bf16"))
     if dtype in _TORCHTUNE_DTYPES:
         read.set(f"dtype: {dtype}", precision=_TORCHTUNE_DTYPES[dtype])
@@ -228,7 +233,7 @@ def _component(section: Any) -> str:
     return str(section.get("_component_", "")) if isinstance(section, Mapping) else ""
 
 
-def _torchtune_optimizer(section: Any, read: _Read) -> None:
+def _torchtune_optimizer(section: Any, read: FieldsRead) -> None:
     component = _component(section)
     name = TORCHTUNE_OPTIMIZERS.get(component)
     if name is None:
@@ -248,7 +253,7 @@ def _torchtune_optimizer(section: Any, read: _Read) -> None:
     read.set(", ".join([f"optimizer._component_: {component}", *options]), optimizer=name)
 
 
-def _torchtune_loss(section: Any, seq_len: int | None, read: _Read) -> None:
+def _torchtune_loss(section: Any, seq_len: int | None, read: FieldsRead) -> None:
     component = _component(section)
     leaf = component.rpartition(".")[2]
     if leaf not in _CHUNKED_LOSSES:
@@ -270,7 +275,7 @@ def _torchtune_loss(section: Any, seq_len: int | None, read: _Read) -> None:
     read.set(setting, loss_chunk_size=math.ceil(seq_len / chunks))
 
 
-def _torchtune_model(section: Mapping[str, Any], read: _Read) -> None:
+def _torchtune_model(section: Mapping[str, Any], read: FieldsRead) -> None:
     component = str(section["_component_"])
     builder = component.rpartition(".")[2]
     if not builder.startswith(("lora_", "qlora_")) and "lora_rank" not in section:
@@ -307,7 +312,7 @@ def _torchtune_model(section: Mapping[str, Any], read: _Read) -> None:
 
 
 def _litgpt(data: Mapping[str, Any], *, seq_len: int | None) -> StepFields:
-    read = _Read()
+    read = FieldsRead()
     section = data.get("train")
     train: Mapping[str, Any] = section if isinstance(section, Mapping) else {}
     lora = "lora_r" in data or any(key in data for key in _LITGPT_ROLES)
@@ -357,7 +362,7 @@ def _litgpt(data: Mapping[str, Any], *, seq_len: int | None) -> StepFields:
     return read.done("LitGPT config")
 
 
-def _litgpt_lora(data: Mapping[str, Any], read: _Read) -> None:
+def _litgpt_lora(data: Mapping[str, Any], read: FieldsRead) -> None:
     targets = tuple(role for key, (role, on) in _LITGPT_ROLES.items() if data.get(key, on))
     read.set("lora_query/key/value/projection/mlp/head", lora_targets=targets)
     read.set(f"lora_r: {data.get('lora_r', 8)}", lora_rank=int(data.get("lora_r", 8)))
@@ -367,7 +372,7 @@ def _litgpt_lora(data: Mapping[str, Any], read: _Read) -> None:
     read.set("finetune/lora.py: lm_head_chunk_size=128", loss_chunk_size=128)
 
 
-def _litgpt_quantize(quantize: str, read: _Read) -> None:
+def _litgpt_quantize(quantize: str, read: FieldsRead) -> None:
     if quantize not in _LITGPT_QUANTIZE:
         read.unsupported["quantization"] = (
             f"quantize: {quantize} (int8 training keeps fp16 weights beside int8 ones) has no "
@@ -388,7 +393,7 @@ def _litgpt_quantize(quantize: str, read: _Read) -> None:
     read.set(f"{setting}: bitsandbytes.optim.PagedAdamW", optimizer="paged-adamw")
 
 
-def _litgpt_optimizer(value: Any, read: _Read) -> None:
+def _litgpt_optimizer(value: Any, read: FieldsRead) -> None:
     path = str(value.get("class_path", "")) if isinstance(value, Mapping) else str(value)
     leaf = path.rpartition(".")[2]
     names = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd"}
