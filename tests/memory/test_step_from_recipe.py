@@ -325,3 +325,13 @@ def test_a_file_named_like_a_recipe_is_an_error_saying_both(tmp_path, monkeypatc
     with pytest.raises(ValueError, match=r"names both a file here and the unsloth recipe"):
         Step.from_recipe("unsloth")
     assert Step.from_recipe("./unsloth").optimizer == "paged-adamw"  # the file, LitGPT's
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "error"),
+    [(0, ValueError), (-8, ValueError), (float("nan"), TypeError), ("2048", TypeError),
+     (2.5, TypeError)],
+)  # fmt: skip
+def test_a_bad_length_beside_a_recipe_is_refused_by_name(seq_len, error):
+    with pytest.raises(error, match="seq_len must be"):
+        Step.from_recipe(yaml.safe_load(TORCHTUNE_QLORA), seq_len=seq_len)

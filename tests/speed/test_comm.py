@@ -118,3 +118,32 @@ def test_what_the_time_of_several_cards_cannot_say_is_refused():
         fits("llama-3.2-1b", ["H100"] * 2, strategy="fsdp", dtype="nf4", lora_rank=8, **kw)
     with pytest.raises(ValueError, match="HSDP spans nodes"):
         fits(TINY, ["H100"] * 4, strategy="hsdp", gpus_per_node=2, **kw)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: collective_seconds("all_reduce", float("nan"), 8, LINKS["pcie4"]), "nbytes"),
+        (lambda: collective_seconds("all_reduce", -1.0, 8, LINKS["pcie4"]), "nbytes"),
+        (lambda: collective_seconds("all_reduce", 1e9, 0, LINKS["pcie4"]), "ranks"),
+        (lambda: comm_for("ddp", ranks=-2, link=LINKS["pcie4"], grad_bytes=1.0,
+                          param_bytes=1.0), "ranks"),
+        (lambda: comm_for("ddp", ranks=2, link=LINKS["pcie4"], grad_bytes=float("inf"),
+                          param_bytes=1.0), "grad_bytes"),
+        (lambda: comm_for("fsdp", ranks=2, link=LINKS["pcie4"], grad_bytes=1.0,
+                          param_bytes=-5.0), "param_bytes"),
+        (lambda: data_parallel_time(_timed(0.1, 0.2), CommPlan(0, 0, 0, 0, False, "x"),
+                                    ranks=4, accumulation=0, link=LINKS["pcie4"]),
+         "accumulation"),
+    ],
+)  # fmt: skip
+def test_a_bad_size_is_refused_by_name(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        call()
+
+
+def test_a_value_of_the_wrong_kind_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="ranks"):
+        collective_seconds("all_reduce", 1e9, "8", LINKS["pcie4"])
+    with pytest.raises(TypeError, match="link"):
+        collective_seconds("all_reduce", 1e9, 8, "nvlink4")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchfit._core import checks
 from torchfit.memory.sharding.strategies import DEFAULT_BUCKET_BYTES
 from torchfit.speed.result import KindTime, StepTime
 from torchfit.speed.timing import COMMUNICATION
@@ -139,6 +140,7 @@ def link_of(card: Any) -> Link:
     return LINKS[_PCIE.get(str(getattr(card, "architecture", "")), "pcie3")]
 
 
+@checks.arguments(nbytes=checks.number(at_least=0), ranks=checks.whole(at_least=1))
 def collective_seconds(kind: str, nbytes: float, ranks: int, link: Link) -> float:
     """Seconds of one collective of ``nbytes`` (the whole tensor) over ``ranks`` GPUs.
 
@@ -187,6 +189,12 @@ class CommPlan:
     sharded_optimizer: bool = False
 
 
+@checks.arguments(
+    ranks=checks.whole(at_least=1),
+    grad_bytes=checks.number(at_least=0),
+    param_bytes=checks.number(at_least=0),
+    bucket_bytes=checks.number(above=0),
+)
 def comm_for(
     strategy: str,
     *,
@@ -240,6 +248,7 @@ def comm_for(
     )
 
 
+@checks.arguments(ranks=checks.whole(at_least=1), accumulation=checks.whole(at_least=1))
 def data_parallel_time(
     timed: StepTime, plan: CommPlan, *, ranks: int, accumulation: int, link: Link
 ) -> StepTime:

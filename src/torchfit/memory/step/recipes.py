@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchfit._core import checks
 from torchfit._core.imports import require
 from torchfit.memory.step.fields import FieldsRead, StepFields
 from torchfit.memory.step.unsloth import unsloth_fields
@@ -80,6 +81,7 @@ _LITGPT_QUANTIZE = {
 }
 
 
+@checks.arguments(seq_len=checks.whole(at_least=1))
 def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
     """The `Step` fields of a torchtune or LitGPT config (a mapping or a YAML file).
 
@@ -95,8 +97,9 @@ def recipe_fields(config: Any, *, seq_len: int | None = None) -> StepFields:
         The fields, the setting each was read from, and the settings not modelled.
 
     Raises:
-        ValueError: a config that is neither torchtune's nor LitGPT's.
-        TypeError: neither a mapping nor a path.
+        ValueError: a config that is neither torchtune's nor LitGPT's; a ``seq_len``
+            below 1 or not finite.
+        TypeError: neither a mapping nor a path; a ``seq_len`` that is not a number.
         ImportError: a YAML path without PyYAML.
 
     Example:
