@@ -397,7 +397,14 @@ MEMORY: list[Case] = [
             "largest_layer_params": 100,
         },
         kinds=SHARD
-        | {"world_size": COUNT, "gpus_per_node": COUNT, "unit_trainable_params": NON_NEGATIVE},
+        | {
+            "world_size": COUNT,
+            "gpus_per_node": COUNT,
+            "unit_trainable_params": NON_NEGATIVE,
+            "root_bytes": NON_NEGATIVE,
+            "root_trainable_params": NON_NEGATIVE,
+            "unit_bytes": NON_NEGATIVE,
+        },
     ),
     Case(
         "parse_strategy",

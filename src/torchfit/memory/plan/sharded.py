@@ -14,13 +14,14 @@ from torchfit._core.units import DType, parse_dtype
 from torchfit.memory import knobs
 from torchfit.memory.analytic.lora import lora_parameters
 from torchfit.memory.analytic.loraconfig import lora_setup
+from torchfit.memory.analytic.quantized import linear_bytes
 from torchfit.memory.analytic.transformer import adapters_only
 from torchfit.memory.estimator import estimate
 from torchfit.memory.plan.settings import Settings, transformer_spec
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 
-__all__ = ["per_rank", "shard_param_dtype", "stored_itemsize"]
+__all__ = ["gathered_bytes", "per_rank", "shard_param_dtype", "stored_itemsize"]
 
 
 def shard_param_dtype(param_dtype: str | DType | None, strategy: str | None) -> str | None:
@@ -62,20 +63,26 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     else:
         adapters = adapters_only(trainable, spec.num_params)
         start = estimate(model, step.replace(trainable_params=1, frozen_base=adapters))
-    # a unit's gradients in flight: a block's adapters on a frozen base, else its weights
-    unit_trainable = None
+    # a unit's gradients in flight: a block's adapters on a frozen base, else its weights;
+    # the root (embeddings, head) trains in a full fine-tune only
+    root = spec.embedding_params + spec.head_params
+    block = (spec.num_params - root) // spec.num_layers
+    unit_trainable, root_trainable = block, root
     if adapters and trainable is not None:
-        unit_trainable = math.ceil(trainable / spec.num_layers)
+        unit_trainable, root_trainable = math.ceil(trainable / spec.num_layers), 0
     stored = stored_itemsize(step)
-    block = (spec.num_params - spec.embedding_params - spec.head_params) // spec.num_layers
+    root_bytes, unit_bytes = gathered_bytes(spec, step, single.weights, settings.param_dtype)
     sharded = shard_estimate(
         single,
         strategy=settings.strategy,
         backward_start=start,
         world_size=settings.world_size,
         params=trainable or spec.num_params,
-        largest_layer_params=max(block, spec.embedding_params, spec.head_params),
+        largest_layer_params=block,
         unit_trainable_params=unit_trainable,
+        root_bytes=root_bytes,
+        root_trainable_params=root_trainable,
+        unit_bytes=unit_bytes,
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,
         gpus_per_node=settings.gpus_per_node,
@@ -85,6 +92,37 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         return sharded
     policy = f"FSDP2 MixedPrecisionPolicy(param_dtype={settings.param_dtype}): 16-bit gathers"
     return sharded.replace(notes=(*sharded.notes, policy))
+
+
+def gathered_bytes(spec: Any, step: Any, weights: int, param_dtype: str | None) -> tuple[int, int]:
+    """Bytes of the root unit (embeddings, head) and of one block, as FSDP gathers them.
+
+    Each block is a unit and the root holds the rest, as accelerate's transformer-layer
+    wrap does. A 16-bit ``MixedPrecisionPolicy`` gathers 2 bytes a parameter (a 4-bit
+    block's packed codes as they are); otherwise
+    each unit is gathered as stored: the root in the dtype of the base's other parameters
+    (fp32 after ``prepare_model_for_kbit_training``, a frozen base's ``base_dtype``, fp32
+    master weights under autocast), the blocks as what is left of ``weights`` (4-bit
+    Linears with their scales, norms, adapters).
+    """
+    root = spec.embedding_params + spec.head_params
+    if param_dtype is not None and step.quantization is None:
+        return 2 * root, 2 * ((spec.num_params - root) // spec.num_layers)
+    if step.quantization is not None:
+        rest = 4 if step.kbit_prepared else int(step.compute.itemsize)
+        head = spec.head_params * rest
+        if step.quantize_head:
+            fmt = parse_dtype(step.quantization)
+            head = linear_bytes([(spec.vocab, spec.hidden)], fmt, double_quant=step.double_quant)
+        root_bytes = spec.embedding_params * rest + head
+        if param_dtype is not None:  # 16-bit gathers; the 4-bit codes travel as they are
+            block = max(0, math.ceil((weights - root_bytes) / spec.num_layers))
+            return 2 * root, block
+    else:
+        base = step.base_dtype
+        rest = int(parse_dtype(base).itemsize) if base is not None else stored_itemsize(step)
+        root_bytes = root * rest
+    return root_bytes, max(0, math.ceil((weights - root_bytes) / spec.num_layers))
 
 
 def stored_itemsize(step: Any) -> int:

@@ -27,6 +27,9 @@ __all__ = ["shard_estimate"]
     gpus_per_node=checks.whole(at_least=1),
     param_bytes=checks.number(above=0),
     grad_bytes=checks.number(above=0),
+    root_bytes=checks.whole(at_least=0),
+    root_trainable_params=checks.whole(at_least=0),
+    unit_bytes=checks.whole(at_least=0),
 )
 def shard_estimate(
     estimate: MemoryEstimate,
@@ -45,6 +48,9 @@ def shard_estimate(
     grad_bytes: float = 4,
     autocast_copies: int = 0,
     gpus_per_node: int | None = None,
+    root_bytes: int = 0,
+    root_trainable_params: int = 0,
+    unit_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The per-rank memory of one training step under a data-parallel strategy.
 
@@ -90,6 +96,18 @@ def shard_estimate(
         gpus_per_node: GPUs (ranks) per node; ``None``: all ``world_size`` on one node.
             HSDP shards over them; with offload, the note gives the host memory each node
             needs for its ranks' offloaded state.
+        root_bytes: FSDP: bytes of the root unit's own parameters as gathered (a
+            transformer's embeddings, untied head and final norm when each block is
+            wrapped apart, as accelerate's transformer-layer policy and
+            ``fully_shard(block)`` then ``fully_shard(model)`` do). The root stays
+            gathered from its forward through its backward (``fully_shard``'s
+            ``reshard_after_forward=None`` is ``False`` for the root; FSDP1 likewise never
+            frees the root after forward).
+        root_trainable_params: Of the root's parameters, the ones that train: their
+            unsharded gradients are in flight together until the root's post-backward.
+        unit_bytes: Bytes of the largest other unit as gathered, where its parameters are
+            not all ``param_bytes`` each (a 4-bit block beside fp32 norms and adapters);
+            default ``largest_layer_params * param_bytes``.
 
     Returns:
         A `MemoryEstimate` for one rank; ``reserved`` is reset to ``None`` (not modelled
@@ -130,9 +148,14 @@ def shard_estimate(
         param_bytes=param_bytes,
         grad_bytes=grad_bytes,
         autocast_copies=autocast_copies,
+        root_bytes=root_bytes,
+        root_trainable_params=root_trainable_params,
+        unit_bytes=(
+            math.ceil(largest_layer_params * param_bytes) if unit_bytes is None else unit_bytes
+        ),
     )
     moments = [_shard_one(estimate, options)]
-    if kind is Strategy.ZERO3 and estimate.peak_at == "optimizer step":
+    if kind is Strategy.ZERO3 and _at_step(estimate):
         # The end of backward: every gradient shard exists (activations are gone) while
         # the last units are still gathered and their gradients in flight. Under FSDP it
         # can outgrow the optimizer step, where nothing is gathered or in flight.
@@ -204,6 +227,9 @@ class _Options:
     param_bytes: float
     grad_bytes: float
     autocast_copies: int
+    root_bytes: int = 0
+    root_trainable_params: int = 0
+    unit_bytes: int = 0
 
     def __post_init__(self) -> None:
         """Reject bad sizes and offload options the strategy does not have."""
@@ -225,6 +251,11 @@ class _Options:
             )
 
 
+def _at_step(estimate: MemoryEstimate) -> bool:
+    """The peak is in the optimizer step (the analytic or a trace's ``"optimizer [op]"``)."""
+    return estimate.peak_at == "optimizer step" or estimate.peak_at.startswith("optimizer [")
+
+
 def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
     kind, world_size, params = o.kind, o.world_size, o.params
     bucket_bytes = o.bucket_bytes
@@ -234,7 +265,7 @@ def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
     full_grads = math.ceil(params * grad_bytes)
     weights, gradients, optimizer = estimate.weights, estimate.gradients, estimate.optimizer
     workspace, overhead = estimate.workspace, estimate.overhead
-    at_step = estimate.peak_at == "optimizer step"
+    at_step = _at_step(estimate)
 
     if kind in {Strategy.DDP, Strategy.ZERO1}:
         # DDP's Reducer allocates one flat buffer per bucket at construction
@@ -295,13 +326,17 @@ def _fully_sharded(
 
     - in forward and backward, two units are gathered: the one computing and the next,
       prefetched (implicit prefetch; the same 4 x largest layer as DeepSpeed's stage3.py
-      estimate with 16-bit parameters). ``reshard_after_forward=False`` keeps every unit
-      gathered from its forward to its backward: at the start of backward, all of them
+      estimate with 16-bit parameters), and the root's own parameters, which are not
+      freed between its forward and its backward (``root_bytes``).
+      ``reshard_after_forward=False`` keeps every unit gathered from its forward to its
+      backward: at the start of backward, all of them
       (each reshards after its own backward, so at the end of backward two again);
     - in backward, two units of gradients are in flight: the unsharded gradients autograd
       is producing for the current unit, and the previous unit's reduce-scatter input,
       which ``post_backward`` keeps (``reduce_scatter_states``, at most
-      ``reduce_scatter_max_input_buffers=1``) until the next unit's reduce starts;
+      ``reduce_scatter_max_input_buffers=1``) until the next unit's reduce starts; the
+      root's gradients (an untied head's from the start of backward) wait whole, in place
+      of their shard, for the root's post-backward at its end;
     - at the optimizer step, nothing is gathered or in flight: each unit reshards in its
       post-backward and the root's final callback waits for the last reduce-scatter. The
       step runs over the shards, so its per-tensor temporaries (CPU) shrink by N too.
@@ -316,11 +351,13 @@ def _fully_sharded(
         if not o.offload_optimizer and estimate.device == "cpu":
             workspace = math.ceil(workspace / n)  # CUDA's foreach share: see _shard_one
         return shard_w, shard_g, workspace
-    unit_params = math.ceil(o.largest_layer_params * o.param_bytes)
-    gathered = 2 * unit_params
+    gathered = o.root_bytes + 2 * o.unit_bytes
     if not o.reshard_after_forward and estimate.peak_at != "end of backward":
         gathered = max(gathered, math.ceil(o.params * o.param_bytes))
+    # the root's gradients are whole until its post-backward, in place of their shard
+    root_grads = math.ceil(o.root_trainable_params * o.grad_bytes)
     in_flight = 2 * math.ceil(o.unit_trainable_params * o.grad_bytes)
+    in_flight += root_grads - math.ceil(root_grads / n)
     return shard_w + gathered, shard_g + in_flight, workspace
 
 
