@@ -1,23 +1,17 @@
 """`Step`: one description of a step, checked once; `estimate` takes it or its keywords."""
 
 import pytest
-from transformers import BitsAndBytesConfig, LlamaConfig
+from transformers import BitsAndBytesConfig
 
 import torchfit
+from tiny_configs import tiny_llama
 from torchfit import Step, estimate
 
 peft = pytest.importorskip("peft")
 
 
 def _llama():
-    return LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-    )
+    return tiny_llama()
 
 
 @pytest.mark.parametrize(

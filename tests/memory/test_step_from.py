@@ -7,9 +7,10 @@ import warnings
 
 import pytest
 import torch
-from transformers import LlamaConfig, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 from transformers.training_args import OptimizerNames
 
+from tiny_configs import tiny_llama
 from torchfit import Step, estimate
 from torchfit._core.optimizers import optimizer_name_of, parse_optimizer
 from torchfit.memory.step import (
@@ -30,14 +31,7 @@ def _args(tmp_path, **settings):
 
 
 def _llama():
-    return LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-    )
+    return tiny_llama()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import warnings
 import pytest
 import yaml
 
+from tiny_configs import tiny_llama
 from torchfit._core.optimizers import parse_optimizer
 from torchfit.memory import Step, estimate
 from torchfit.memory.step import NotModelledWarning
@@ -100,15 +101,7 @@ def _with(text, **changes):
 
 
 def _llama():
-    return transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=512,
-    )
+    return tiny_llama(intermediate_size=384, max_position_embeddings=512)
 
 
 # --- torchtune ---------------------------------------------------------------------------

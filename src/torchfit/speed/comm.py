@@ -49,7 +49,7 @@ from typing import Any
 from torchfit._core import checks
 from torchfit.memory.sharding.strategies import DEFAULT_BUCKET_BYTES
 from torchfit.speed.result import KindTime, StepTime
-from torchfit.speed.timing import COMMUNICATION
+from torchfit.speed.timing import NOT_MODELLED, not_modelled
 
 __all__ = [
     "LINKS",
@@ -279,7 +279,8 @@ def data_parallel_time(
         f"{link.allreduce_gb_s:.0f} GB/s all-reduce bus bandwidth; {link.source}): "
         f"{plan.what}; {exposed * 1e3:.1f} ms not hidden by compute"
     )
-    said = tuple(n.replace(COMMUNICATION, "") for n in timed.notes)
+    unsaid = not_modelled(modelled=frozenset({"communication"}))
+    said = tuple(unsaid if n == NOT_MODELLED else n for n in timed.notes)
     return dataclasses.replace(
         timed,
         gpu=f"{ranks} x {timed.gpu}",

@@ -24,14 +24,24 @@ from torchfit.speed.workload import Workload, add_lora, hold_quantized_in, recor
 
 __all__ = ["NOT_MODELLED", "step_time", "time_workload"]
 
-#: The part of `NOT_MODELLED` a data-parallel step's time models (`torchfit.speed.comm`).
-COMMUNICATION = ", communication between GPUs"
-#: What the prediction leaves out; every `StepTime` carries these in its notes.
-NOT_MODELLED = (
-    "not modelled: Python work outside ATen ops (generate's loop, a library's own "
-    f"Python), torch.compile and CUDA graphs, data loading and host-to-device copies"
-    f"{COMMUNICATION}, clock throttling"
-)
+#: What a one-card prediction leaves out, by name; a data-parallel step's time models
+#: ``"communication"`` (`torchfit.speed.comm`).
+UNMODELLED: dict[str, str] = {
+    "python": "Python work outside ATen ops (generate's loop, a library's own Python)",
+    "compile": "torch.compile and CUDA graphs",
+    "input": "data loading and host-to-device copies",
+    "communication": "communication between GPUs",
+    "clocks": "clock throttling",
+}
+
+
+def not_modelled(*, modelled: frozenset[str] = frozenset()) -> str:
+    """The note of what a prediction leaves out, less what it ``modelled`` (`UNMODELLED`)."""
+    return "not modelled: " + ", ".join(v for k, v in UNMODELLED.items() if k not in modelled)
+
+
+#: What the prediction leaves out; every one-card `StepTime` carries it in its notes.
+NOT_MODELLED = not_modelled()
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _COMPUTE_KINDS = (OpKind.MATMUL, OpKind.CONV, OpKind.ATTENTION)
 
