@@ -335,7 +335,12 @@ def test_an_architecture_without_closed_form_takes_a_meta_pass_and_points_to_tra
     found = estimate(config, batch_size=1, seq_len=8)
     assert found.notes[0].startswith("method: meta-device pass of T5ForConditionalGeneration")
     with pytest.raises(ValueError, match="trace"):  # what the meta pass does not model
-        estimate(config, batch_size=1, seq_len=8, gradient_checkpointing=True)
+        estimate(config, batch_size=1, seq_len=8, trainable_params=10)
+    # checkpointing it does: each of T5's blocks keeps its input, one recomputes
+    deeper = transformers.T5Config(num_layers=4, d_model=32, num_heads=2, d_kv=16, d_ff=64)
+    plain = estimate(deeper, batch_size=2, seq_len=64)
+    checkpointed = estimate(deeper, batch_size=2, seq_len=64, gradient_checkpointing=True)
+    assert checkpointed.activations < plain.activations
 
 
 def test_module_without_input_shape_is_an_error():

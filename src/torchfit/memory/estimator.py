@@ -256,7 +256,6 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         built = build_model(config, device="meta", dtype="fp32")
         return _module_step(built, shape, step, options)
     unsupported = {
-        "gradient_checkpointing": gradient_checkpointing,
         "trainable_params": trainable_params is not None,
         "frozen_base": bool(frozen_base),
     }
@@ -288,6 +287,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             loss_chunk=loss_chunk_size,
             new_tokens=max_new_tokens,
             bnb_compute_dtype=bnb_compute,
+            checkpointing=gradient_checkpointing,
             **{**options, "dtype": compute},
         )
     check_quantize_head(weights, head=quantize_head, tied=False)
@@ -302,6 +302,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         frozen_dtype=frozen,
         loss_chunk=loss_chunk_size,
         new_tokens=max_new_tokens,
+        checkpointing=gradient_checkpointing,
         **options,
     )
 

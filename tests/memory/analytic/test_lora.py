@@ -311,3 +311,46 @@ def test_dora_over_a_4_bit_base_is_refused():
     lora = peft.LoraConfig(r=8, target_modules=["q_proj"], use_dora=True)
     with pytest.raises(ValueError, match="use_dora=True over a nf4 base"):
         estimate(config, batch_size=1, seq_len=16, dtype="nf4", lora=lora)
+
+
+def _two_layers(family):
+    config, _ = _model(family)
+    config.update({"num_hidden_layers" if family == "llama" else "n_layer": 2})
+    torch.manual_seed(0)
+    cls = transformers.LlamaForCausalLM if family == "llama" else transformers.GPT2LMHeadModel
+    return config, cls(config)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_a_config_peft_has_already_applied_reads_as_before(family):
+    """``get_peft_model`` writes "all-linear" back as each adapted module's full name (on a
+    model with fewer than 20 of them; past that it shortens them); the config read after
+    the model was built is the same step."""
+    config, model = _two_layers(family) if family == "llama" else _model(family)
+    fresh = peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.1)
+    applied = peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.1)
+    real = peft.get_peft_model(model, applied)
+    assert any("." in name for name in applied.target_modules)  # PEFT's rewrite
+    spec = spec_from_config(config)
+    assert lora_setup(spec, lora=applied) == lora_setup(spec, lora=fresh)
+    trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert lora_parameters(spec, lora_setup(spec, lora=applied)) == trains
+
+
+def test_full_names_tell_gpt2s_two_c_proj_apart():
+    config, _ = _two_layers("gpt2")
+    spec = spec_from_config(config)
+    names = [f"transformer.h.{k}.mlp.c_proj" for k in range(2)]
+    assert lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=names)).roles == {"down"}
+    names = [f"transformer.h.{k}.attn.c_proj" for k in range(2)]
+    assert lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=names)).roles == {"o"}
+
+
+def test_full_names_of_some_blocks_only_are_refused():
+    config, _ = _model("llama")
+    some = peft.LoraConfig(r=8, target_modules=["model.layers.0.self_attn.q_proj"])
+    with pytest.raises(ValueError, match=r"blocks \[0\] of 3 only"):
+        lora_setup(spec_from_config(config), lora=some)
+    every = [f"model.layers.{k}.self_attn.q_proj" for k in range(3)] + ["self_attn.v_proj"]
+    setup = lora_setup(spec_from_config(config), lora=peft.LoraConfig(r=8, target_modules=every))
+    assert setup.roles == {"q", "v"}

@@ -345,11 +345,11 @@ def test_quantize_head_counts_an_untied_head_in_4_bits():
         ({"dtype": "nf4", "quantize_head": True}, "quantize_head=True.*tied.*drop quantize_head"),
         ({"dtype": "bf16", "quantize_head": True}, "needs quantized weights.*got dtype='bf16'"),
         (
-            {"dtype": "nf4", "mode": "train", "gradient_checkpointing": True},
-            "does not model gradient_checkpointing",
+            {"dtype": "nf4", "mode": "train", "trainable_params": 10},
+            "does not model trainable_params",
         ),
     ],
-    ids=["tied-head", "head-unquantized", "checkpointing"],
+    ids=["tied-head", "head-unquantized", "trainable-count"],
 )
 def test_bad_combinations_name_the_value_and_the_fix(kwargs, message):
     kwargs = {"mode": "inference", **kwargs}

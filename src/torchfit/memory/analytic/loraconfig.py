@@ -6,7 +6,8 @@ tuners_utils.py's ``check_target_module_exists``):
 - ``r``, and ``rank_pattern`` (a rank per module name pattern; per role here, so a pattern
   naming single layers is refused);
 - ``target_modules``: names (a module's name or its last components), ``"all-linear"``
-  (every Linear but the head), or one string taken as a regular expression that must
+  (every Linear but the head), the full names ``get_peft_model`` writes back for
+  ``"all-linear"`` (each block's modules), or one string taken as a regular expression that must
   match a module's full name; ``exclude_modules`` the same, taken out of the targets;
 - ``lora_dropout``: above 0 each adapter keeps a mask and a dropped copy of its input;
 - ``bias``: ``"all"`` trains every bias of the model, ``"lora_only"`` those of the adapted
@@ -132,7 +133,54 @@ def _targets(spec: TransformerSpec, value: Any, what: str) -> tuple[frozenset[st
                 f"{_FULL_NAMES[spec.family]['q' if spec.family is not Family.GPT2 else 'qkv']!r}"
             )
         return frozenset(roles - {"head"}), "head" in roles
+    if not isinstance(value, str) and any(isinstance(v, str) and "." in v for v in value):
+        return _dotted(spec, list(value), what)
     return resolve_targets(spec, value)
+
+
+#: A module name inside a numbered block: the block's index, then the module's own name.
+_IN_BLOCK = re.compile(r"(?:^|\.)(\d+)\.(.+)$")
+
+
+def _dotted(spec: TransformerSpec, names: list[Any], what: str) -> tuple[frozenset[str], bool]:
+    """Roles from dotted module names, as PEFT writes ``"all-linear"`` back into the config.
+
+    ``get_peft_model`` replaces ``target_modules="all-linear"`` with the full name of every
+    module it adapted (``model.layers.0.self_attn.q_proj``, one per block), so a config read
+    after the model was built names modules, not kinds. A name in a block counts for its
+    role when it is there for every block (the closed form's blocks are alike); a dotted
+    name outside a block (``self_attn.q_proj``) matches as a suffix, as PEFT matches it.
+
+    Raises:
+        ValueError: a role named in some blocks only.
+    """
+    within = {t.split("{k}.", 1)[1]: r for r, t in _FULL_NAMES[spec.family].items() if "{k}." in t}
+    blocks: dict[str, set[int]] = {}
+    plain: list[Any] = []
+    for name in names:
+        key = name.strip() if isinstance(name, str) else name
+        found = _IN_BLOCK.search(key) if isinstance(key, str) else None
+        if found is not None and found.group(2) in within:
+            blocks.setdefault(within[found.group(2)], set()).add(int(found.group(1)))
+            continue
+        suffix = [
+            r
+            for tail, r in within.items()
+            if isinstance(key, str) and "." in key and (tail == key or tail.endswith("." + key))
+        ]
+        if suffix:
+            blocks.update({r: set(range(spec.num_layers)) for r in suffix})
+            continue
+        plain.append(key.rsplit(".", 1)[-1] if isinstance(key, str) else key)
+    for role, seen in blocks.items():
+        if seen != set(range(spec.num_layers)):
+            raise ValueError(
+                f"{what} names the {role!r} Linear of blocks {sorted(seen)} of "
+                f"{spec.num_layers} only; the closed form adapts every block alike: target "
+                "it in every block, or trace the PEFT model (torchfit.memory.trace)"
+            )
+    roles, head = resolve_targets(spec, plain) if plain else (frozenset(), False)
+    return roles | frozenset(blocks), head
 
 
 def _ranks(spec: TransformerSpec, pattern: dict[str, int] | None) -> tuple[tuple[str, int], ...]:

@@ -8,6 +8,7 @@ reported apart.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -30,6 +31,11 @@ from torchfit.memory.catalog.inputs import (
     sequence_limit,
 )
 from torchfit.memory.modules.adapters import with_adapters
+from torchfit.memory.modules.checkpointed import (
+    checkpointed_layers,
+    layer_input_bytes,
+    with_checkpointing,
+)
 from torchfit.memory.modules.chunked import ChunkedLoss
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
@@ -78,6 +84,7 @@ def by_meta_pass(
     loss_chunk: int | None = None,
     new_tokens: int | None = None,
     prepare: Callable[[nn.Module], None] | None = None,
+    checkpointing: bool = False,
     **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
@@ -100,7 +107,8 @@ def by_meta_pass(
     ``generate`` does, and `generation_moments` adds the decoding steps.
 
     ``prepare`` changes the adapted copy before the pass (never the shared base model):
-    it needs ``adapters``.
+    it needs ``adapters``. ``checkpointing``: transformers' gradient checkpointing of its
+    decoder layers (`torchfit.memory.modules.checkpointed`).
     """
     limit = sequence_limit(config)
     seq = pass_sequence(config, seq_len)
@@ -117,8 +125,13 @@ def by_meta_pass(
     run = model if chunk is None else ChunkedLoss(model, chunk=chunk)
     if new_tokens is not None and not training:
         run = LastLogits(model)
-    with transformers_without_data():
+    layers = checkpointed_layers(model) if checkpointing and training else []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(transformers_without_data())
+        first = stack.enter_context(layer_input_bytes(model, layers[0])) if layers else []
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
+    if checkpointing and training:
+        found = with_checkpointing(found, layers, input_bytes=first[0] if first else 0)
     built = type(meta_model(config, attention)).__name__
     method = (
         f"method: meta-device pass of {built} built from its config (no closed "

@@ -176,6 +176,7 @@ def quantized_meta_pass(
     base_dtype: DType | None = None,
     kbit_prepare: bool = False,
     bnb_compute_dtype: DType | None = None,
+    checkpointing: bool = False,
     **options: Any,
 ) -> MemoryEstimate:
     """`by_meta_pass` with the base in bitsandbytes ``weights`` (``options["dtype"]`` computes).
@@ -210,7 +211,13 @@ def quantized_meta_pass(
         prepare = functools.partial(keep_linear_inputs, names=frozenset(layers))
         notes.append("bitsandbytes before 0.43.2: every 4-bit Linear keeps its input for backward")
     found = by_meta_pass(
-        config, seq_len=seq_len, attention=attention, adapters=adapters, prepare=prepare, **options
+        config,
+        seq_len=seq_len,
+        attention=attention,
+        adapters=adapters,
+        prepare=prepare,
+        checkpointing=checkpointing,
+        **options,
     )
     trainable = 0
     if adapters is not None:
