@@ -384,7 +384,13 @@ MEMORY: list[Case] = [
         "min_gpus",
         lambda: memory.sharding.min_gpus,
         kwargs={"estimate": RECORD, "gpu_memory_bytes": 6000, "strategy": "fsdp", "params": 1000},
-        kinds=SHARD | {"gpu_memory_bytes": Kind("bytes", (0, -1, 2.5, NAN, "6000", True))},
+        kinds=SHARD
+        | {
+            "gpu_memory_bytes": Kind("bytes", (0, -1, 2.5, NAN, "6000", True)),
+            "root_bytes": NON_NEGATIVE,
+            "root_trainable_params": NON_NEGATIVE,
+            "unit_bytes": NON_NEGATIVE,
+        },
     ),
     Case(
         "shard_estimate",

@@ -362,3 +362,17 @@ def test_offload_reports_host_memory_per_node():
 def test_gpus_per_node_is_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         shard_estimate(_step(), params=1_000_000, largest_layer_params=100_000, **kwargs)
+
+
+def test_min_gpus_weighs_the_root_as_shard_estimate_does():
+    p = 10**9
+    e = _mixed_adam(p).replace(context=300 * 2**20)
+    budget = 8 * 2**30
+    root = {"root_bytes": 4 * 10**9, "root_trainable_params": 10**9}
+    plain = min_gpus(e, budget, strategy="fsdp", params=p, bucket_bytes=0)
+    with_root = min_gpus(e, budget, strategy="fsdp", params=p, bucket_bytes=0, **root)
+    assert plain is not None and with_root is not None and with_root > plain
+    rank = shard_estimate(
+        e, strategy="fsdp", world_size=with_root, params=p, largest_layer_params=0, **root
+    )
+    assert rank.device_total <= budget

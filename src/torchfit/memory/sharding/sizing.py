@@ -74,6 +74,9 @@ def deepspeed_zero_bytes(
     gpu_memory_bytes=checks.whole(at_least=1),
     param_bytes=checks.number(above=0),
     grad_bytes=checks.number(above=0),
+    root_bytes=checks.whole(at_least=0),
+    root_trainable_params=checks.whole(at_least=0),
+    unit_bytes=checks.whole(at_least=0),
 )
 def min_gpus(
     estimate: MemoryEstimate,
@@ -90,6 +93,9 @@ def min_gpus(
     param_bytes: float = 4,
     grad_bytes: float = 4,
     autocast_copies: int = 0,
+    root_bytes: int = 0,
+    root_trainable_params: int = 0,
+    unit_bytes: int | None = None,
 ) -> int | None:
     """The smallest world size in 1, 2, 4, ..., 1024 whose per-rank estimate fits.
 
@@ -111,6 +117,9 @@ def min_gpus(
         param_bytes: Bytes per gathered parameter.
         grad_bytes: Bytes per gradient element.
         autocast_copies: Autocast weight copies in the estimate (see `shard_estimate`).
+        root_bytes: The root unit's gathered bytes (see `shard_estimate`).
+        root_trainable_params: The root's parameters that train (see `shard_estimate`).
+        unit_bytes: The largest other unit's gathered bytes (see `shard_estimate`).
 
     Returns:
         The world size, or ``None`` when even 1024 ranks do not fit.
@@ -139,6 +148,9 @@ def min_gpus(
             param_bytes=param_bytes,
             grad_bytes=grad_bytes,
             autocast_copies=autocast_copies,
+            root_bytes=root_bytes,
+            root_trainable_params=root_trainable_params,
+            unit_bytes=unit_bytes,
         )
         if rank.device_total <= gpu_memory_bytes:
             return n
