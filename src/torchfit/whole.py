@@ -17,9 +17,11 @@ from torchfit._core import checks
 from torchfit._core.units import DType, parse_dtype
 from torchfit.host import HostPlan, Machine, SampleCost, host_fits, machine, this_machine
 from torchfit.loaders import LoaderReport
+from torchfit.memory.estimator import estimate
 from torchfit.memory.gpus import GPU
 from torchfit.memory.plan import Plan, plan_card
-from torchfit.memory.plan.sharded import stored_itemsize
+from torchfit.memory.plan.settings import transformer_spec
+from torchfit.memory.plan.sharded import gathered_bytes, stored_itemsize
 from torchfit.memory.step import Step
 from torchfit.speed import StepTime, step_time
 from torchfit.speed.comm import comm_for, data_parallel_time, link_of
@@ -87,8 +89,7 @@ def fits(
         and host together; ``print`` it for the report.
 
     Raises:
-        ValueError: ``loader`` over several cards, ``time`` for FSDP on a 4-bit base,
-            ``loader`` without
+        ValueError: ``loader`` over several cards, ``loader`` without
             ``machine``, ``machine`` with state offloaded to the CPU (plan that host with
             `torchfit.host.host_fits(offloaded=...)`), a bad value or a contradiction (each
             message names the fix).
@@ -143,22 +144,18 @@ def _time(model: Any, plan: Plan) -> StepTime:
         return timed
     settings, step = plan.settings, plan.step
     strategy = settings.strategy or "ddp"  # a list of cards without a strategy replicates
-    if step.quantization is not None and strategy in {"fsdp", "hsdp"}:
-        raise ValueError(
-            f"time=True with strategy={strategy!r} on a 4/8-bit base: gathering quantized "
-            "weights is not modelled; plan it with strategy='ddp' or 'zero2', or leave time out"
-        )
     stored = stored_itemsize(step)
     gathered: float = stored
     if settings.param_dtype is not None:  # FSDP2 MixedPrecisionPolicy(param_dtype=...)
         gathered = parse_dtype(settings.param_dtype).itemsize
+    updated = timed.trainable * gathered  # ZeRO all-gathers the parameters it updated
     link = link_of(plan.gpu)
     collectives = comm_for(
         strategy,
         ranks=plan.num_gpus,
         link=link,
         grad_bytes=timed.trainable * stored,
-        param_bytes=(timed.parameters if strategy == "fsdp" else timed.trainable) * gathered,
+        param_bytes=_fsdp_gathers(model, plan) if strategy == "fsdp" else updated,
     )
     return data_parallel_time(
         timed,
@@ -167,6 +164,20 @@ def _time(model: Any, plan: Plan) -> StepTime:
         accumulation=step.gradient_accumulation_steps,
         link=link,
     )
+
+
+def _fsdp_gathers(model: Any, plan: Plan) -> float:
+    """Bytes FSDP gathers for one pass over the model: every unit as it is stored.
+
+    The root and each block as `torchfit.memory.plan.sharded.gathered_bytes` sizes them
+    (a 4-bit block's packed codes, a prepared fp32 root, 16-bit ``param_dtype`` gathers).
+    """
+    spec = transformer_spec(model)
+    if spec is None:  # per-rank plans need a transformer; kept for a direct call
+        raise ValueError("strategy='fsdp' with time=True needs a transformers config")
+    single = estimate(model, plan.step)
+    root, unit = gathered_bytes(spec, plan.step, single.weights, plan.settings.param_dtype)
+    return float(root + spec.num_layers * unit)
 
 
 def _host(
