@@ -62,7 +62,9 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
         model: A catalog name (``"gpt2"``, ``"llama-3.1-8b"``), a Hugging Face Hub id
             (``"meta-llama/Llama-3.1-8B"``: the catalog, the local cache, then the Hub,
             config.json only), ``"torchvision/resnet50"`` or ``"timm/convnext_tiny"``, a
-            local ``config.json`` or model directory, a transformers config or model, or
+            local ``config.json`` or model directory, a transformers config or model (a
+            ``PeftModel`` or a 4/8-bit model is read as the step it is: its adapters,
+            quantization and base dtype, `torchfit.memory.step.built`), or
             any ``nn.Module`` (then ``input_shape`` is required; on CUDA its step is
             traced on fake tensors, on the CPU a meta-device pass finds its activations).
         step: The step, a `torchfit.Step` (its fields are documented there).
@@ -90,7 +92,7 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
         >>> print(estimate("t5-small", batch_size=8, seq_len=512).notes[0])  # doctest: +ELLIPSIS
         method: meta-device pass of T5ForConditionalGeneration built from its config (no ...
     """
-    step = given_step(step, keywords, where="estimate(model, step)")
+    step = given_step(step, keywords, where="estimate(model, step)", model=model)
     if step.precision == AUTO:
         step._precision()  # noqa: SLF001 - raises: estimate has no card to choose for
     return _estimate(model, step)
@@ -112,7 +114,7 @@ def batch_predictor(
         >>> max_batch_size(predict, "RTX 3060") > 8
         True
     """
-    base = given_step(step, keywords, where="batch_predictor(model, step)")
+    base = given_step(step, keywords, where="batch_predictor(model, step)", model=model)
 
     def predict(batch_size: int) -> MemoryEstimate:
         return estimate(model, base.replace(batch_size=batch_size))

@@ -216,7 +216,9 @@ def compare_gpus(
     rows = []
     with estimated_once():  # cards that run the same step share its estimates
         for name, card in zip(names, (gpu(g) for g in gpus), strict=True):
-            chosen_step = card_step(step, keywords, card, where="compare_gpus(model, gpus, step)")
+            chosen_step = card_step(
+                step, keywords, card, where="compare_gpus(model, gpus, step)", model=model
+            )
             settings, current, largest = card_fit(model, card, chosen_step)
             chosen = largest if largest_wanted else chosen_step.batch_size
             peak = 0

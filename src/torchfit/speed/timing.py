@@ -186,7 +186,7 @@ def step_time(
             "(foreach, CUDA's default, otherwise)"
         )
     card = gpu(gpu_name)
-    chosen = card_step(step, keywords, card, where="step_time(model, gpu, step)")
+    chosen = card_step(step, keywords, card, where="step_time(model, gpu, step)", model=model)
     _refuse_untimed(chosen)
     train = chosen.training
     numerics = chosen.numerics

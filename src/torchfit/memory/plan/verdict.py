@@ -362,7 +362,7 @@ def plan_card(
         )
     settings = Settings(
         model=model if isinstance(model, str) else type(model).__name__,
-        step=card_step(step, keywords, card, where="fits(model, gpu, step)"),
+        step=card_step(step, keywords, card, where="fits(model, gpu, step)", model=model),
         world_size=count,
         strategy=None if strategy is None else parse_strategy(strategy).value,
         offload_optimizer=offload_optimizer,

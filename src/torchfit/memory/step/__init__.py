@@ -6,6 +6,9 @@
   a Lightning ``Trainer`` or a torchtune/LitGPT config names (`Step.from_training_arguments`,
   `Step.from_lightning`, `Step.from_recipe`), joined with the caller's by
   `fields.merge_fields`, which refuses a contradiction.
+- `built`: what a model already built says (a ``PeftModel``'s ``LoraConfig``, a 4/8-bit
+  model's ``quantization_config``, the frozen base's dtype), read by every entry point
+  that takes a model and a step, merged the same way.
 
 The device is never read from a framework's settings: transformers needs ``use_cpu=True``
 to build ``bf16=True`` arguments on a machine without a bf16 GPU, and Lightning's

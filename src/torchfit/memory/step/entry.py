@@ -6,14 +6,18 @@ from typing import Any
 
 from torchfit._core.units import parse_dtype
 from torchfit.memory.gpus import GPU
+from torchfit.memory.step.built import with_built
 from torchfit.memory.step.description import Step
 from torchfit.memory.step.spellings import AUTO
 
 __all__ = ["card_step", "given_step"]
 
 
-def given_step(step: Any, keywords: dict[str, Any], *, where: str) -> Step:
+def given_step(step: Any, keywords: dict[str, Any], *, where: str, model: Any = None) -> Step:
     """``step``, or the `Step` ``keywords`` make (`Step.of`); never both.
+
+    A ``model`` already built (a ``PeftModel``, a model loaded in 4 bits) adds what it says
+    (`torchfit.memory.step.built`): its adapters, quantization and base dtype.
 
     Raises:
         TypeError: both, or something else than a `Step` where one goes.
@@ -23,7 +27,8 @@ def given_step(step: Any, keywords: dict[str, Any], *, where: str) -> Step:
         4
     """
     if step is None:
-        return Step.of(**keywords)
+        built = with_built(model, None, keywords)
+        return Step.of(**(keywords if built is None else built))
     if not isinstance(step, Step):
         raise TypeError(
             f"{where}: the step must be a torchfit.Step; got {type(step).__name__} "
@@ -35,10 +40,13 @@ def given_step(step: Any, keywords: dict[str, Any], *, where: str) -> Step:
             f"{where}: a Step and step keywords ({names}) together; change the step "
             f"instead: step.replace({names.replace('=', '=...')})"
         )
-    return step
+    built = with_built(model, step, {})
+    return step if built is None else Step.of(**built)
 
 
-def card_step(step: Step | None, keywords: dict[str, Any], card: GPU, *, where: str) -> Step:
+def card_step(
+    step: Step | None, keywords: dict[str, Any], card: GPU, *, where: str, model: Any = None
+) -> Step:
     """The step an entry point with a card runs (`fits`, `step_time`): its precision chosen.
 
     ``step``, or the one ``keywords`` make. Without ``precision`` (and with ``dtype`` left
@@ -62,7 +70,7 @@ def card_step(step: Step | None, keywords: dict[str, Any], card: GPU, *, where: 
             keywords.setdefault("precision", AUTO)
         elif "precision" not in keywords and _is_quantized(dtype):
             keywords["precision"] = AUTO
-    chosen = given_step(step, keywords, where=where)
+    chosen = given_step(step, keywords, where=where, model=model)
     if chosen.device != "cuda":
         raise ValueError(
             f"{where} runs the step on a CUDA card; got Step(device={chosen.device!r}): "
