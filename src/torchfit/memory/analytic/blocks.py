@@ -19,7 +19,7 @@ from torchfit.memory.analytic.formulas import (
     dropout_mask_bytes,
     keeps_linear_state,
 )
-from torchfit.memory.analytic.lora import BLOCK_ROLES, LoraSetup, role_shapes
+from torchfit.memory.analytic.lora import BLOCK_ROLES, LoraSetup, is_fused, role_shapes
 
 __all__ = [
     "BlockSettings",
@@ -225,14 +225,17 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
         # (kept for the weight's gradient only)
         rms = h * FP32 + FP32 + (0 if s.frozen_base else h * s.residual)
+        # Phi-3 reads the normed input once for q/k/v and once for gate/up (fused Linears)
+        fused = is_fused(spec)
+        qkv, gate_up = (("qkv",), ("gate_up",)) if fused else (("q", "k", "v"), ("gate", "up"))
         return [
             Term("input RMSNorm", rms),
-            Term("q/k/v input", s.input_copies("q", "k", "v") * h * e),
+            Term("q/k/v input", s.input_copies(*qkv) * h * e),
             Term("q/k per-head RMSNorm", _qk_norm(spec, s)),
             *_core(spec, seq_len, s),
             Term("o_proj input", h * e if s.keeps_input("o") else 0),
             Term("post-attention RMSNorm", rms),
-            Term("gate/up input", s.input_copies("gate", "up") * h * e),
+            Term("gate/up input", s.input_copies(*gate_up) * h * e),
             Term("SwiGLU: gate, act(gate), up", 3 * i * s.mlp_itemsize),
             Term("down_proj input (the product)", i * e if s.keeps_input("down") else 0),
             *s.adapter_terms(spec),

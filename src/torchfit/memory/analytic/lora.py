@@ -22,6 +22,9 @@ __all__ = [
     "DEFAULT_RANK",
     "DEFAULT_TARGETS",
     "FAMILY_NAMES",
+    "default_targets",
+    "is_fused",
+    "names_of",
     "LoraSetup",
     "lora_parameters",
     "resolve_targets",
@@ -69,13 +72,25 @@ FAMILY_NAMES: dict[Family, dict[str, tuple[str, ...]]] = {
         "mlp": ("fc", "down"),
     },
 }
+#: Phi-3's fused projections (transformers' ``Phi3Attention.qkv_proj`` and
+#: ``Phi3MLP.gate_up_proj``, also Phi-3.5 and Phi-4): one adapter per fused Linear.
+FUSED_NAMES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("qkv",),
+    "o_proj": ("o",),
+    "gate_up_proj": ("gate_up",),
+    "down_proj": ("down",),
+    "attention": ("qkv", "o"),
+    "mlp": ("gate_up", "down"),
+}
+#: model_types whose blocks fuse q/k/v and gate/up (`FUSED_NAMES`).
+_FUSED_TYPES = frozenset({"phi3"})
 _HEAD = frozenset({"head", "lm_head", "output"})
 #: Roles outside the blocks, one Linear per model (BERT's masked-LM head transform).
 _ONCE = frozenset({"transform"})
 #: The roles that read the block's normed input (one fused Linear in Lit-GPT).
 _QKV = frozenset({"q", "k", "v", "qkv"})
 #: The roles of a block's Linears.
-BLOCK_ROLES = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "fc", "down"})
+BLOCK_ROLES = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "fc", "down"})
 
 #: PEFT's default targets per family (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``
 #: in peft/utils/constants.py: llama/mistral/qwen2 -> q_proj, v_proj; gpt2 -> c_attn;
@@ -86,6 +101,25 @@ DEFAULT_TARGETS: dict[Family, tuple[str, ...]] = {
     Family.BERT: ("query", "value"),
 }
 DEFAULT_RANK = 8
+
+
+def is_fused(spec: TransformerSpec) -> bool:
+    """``spec``'s blocks fuse q/k/v and gate/up into one Linear each (Phi-3)."""
+    return spec.model_type in _FUSED_TYPES
+
+
+def names_of(spec: TransformerSpec) -> dict[str, tuple[str, ...]]:
+    """The module names of ``spec``'s blocks and their roles (fused for Phi-3)."""
+    return FUSED_NAMES if is_fused(spec) else FAMILY_NAMES[spec.family]
+
+
+def default_targets(spec: TransformerSpec) -> tuple[str, ...]:
+    """PEFT's default targets for ``spec``'s family (peft/utils/constants.py).
+
+    PEFT has none for Phi-3 (it asks for ``target_modules``): its fused ``qkv_proj``,
+    which holds the q and v the other families default to.
+    """
+    return ("qkv_proj",) if is_fused(spec) else DEFAULT_TARGETS[spec.family]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +202,7 @@ def resolve_targets(
         >>> sorted(roles), head
         (['q', 'v'], False)
     """
-    names = FAMILY_NAMES[spec.family]
+    names = names_of(spec)
     wanted = [targets] if isinstance(targets, str) else list(targets)
     if not wanted:
         raise ValueError(
@@ -207,6 +241,7 @@ def role_shapes(spec: TransformerSpec) -> dict[str, tuple[int, int]]:
         "o": (q, h),
         "gate": (h, i),
         "up": (h, i),
+        "gate_up": (h, 2 * i),
         "fc": (h, i),
         "down": (i, h),
         "transform": (h, h),

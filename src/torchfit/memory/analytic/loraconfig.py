@@ -46,9 +46,10 @@ from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.lora import (
     BLOCK_ROLES,
     DEFAULT_RANK,
-    DEFAULT_TARGETS,
-    FAMILY_NAMES,
+    FUSED_NAMES,
     LoraSetup,
+    default_targets,
+    names_of,
     resolve_targets,
     role_shapes,
 )
@@ -97,6 +98,21 @@ _FULL_NAMES: dict[Family, dict[str, str]] = {
         "head": "cls.predictions.decoder",
     },
 }
+#: Phi-3's fused modules by their full names (`torchfit.memory.analytic.lora.FUSED_NAMES`).
+_FUSED_FULL_NAMES = {
+    "qkv": "model.layers.{k}.self_attn.qkv_proj",
+    "o": "model.layers.{k}.self_attn.o_proj",
+    "gate_up": "model.layers.{k}.mlp.gate_up_proj",
+    "down": "model.layers.{k}.mlp.down_proj",
+    "head": "lm_head",
+}
+
+
+def _full_names(spec: TransformerSpec) -> dict[str, str]:
+    """Each role's full module name in ``spec``'s transformers model (layer ``{k}``)."""
+    return _FUSED_FULL_NAMES if names_of(spec) is FUSED_NAMES else _FULL_NAMES[spec.family]
+
+
 _HEADS = ("lm_head", "output", "embed_out", "head")
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in")
 _SMALL = ("score", "classifier")
@@ -109,7 +125,7 @@ def _matching(spec: TransformerSpec, matches: Any, what: str) -> set[str]:
         ValueError: a pattern that matches a role in some layers only.
     """
     found = set()
-    for role, name in _FULL_NAMES[spec.family].items():
+    for role, name in _full_names(spec).items():
         hits = {bool(matches(name.format(k=k))) for k in (0, 1)}
         if hits == {True, False}:
             raise ValueError(
@@ -130,7 +146,7 @@ def _targets(spec: TransformerSpec, value: Any, what: str) -> tuple[frozenset[st
             raise ValueError(
                 f"{what}={value!r} (a regular expression of full module names) matches no "
                 f"Linear of a {spec.family.value}-style model, e.g. "
-                f"{_FULL_NAMES[spec.family]['q' if spec.family is not Family.GPT2 else 'qkv']!r}"
+                f"{_full_names(spec)['q' if spec.family is not Family.GPT2 else 'qkv']!r}"
             )
         return frozenset(roles - {"head"}), "head" in roles
     if not isinstance(value, str) and any(isinstance(v, str) and "." in v for v in value):
@@ -154,7 +170,7 @@ def _dotted(spec: TransformerSpec, names: list[Any], what: str) -> tuple[frozens
     Raises:
         ValueError: a role named in some blocks only.
     """
-    within = {t.split("{k}.", 1)[1]: r for r, t in _FULL_NAMES[spec.family].items() if "{k}." in t}
+    within = {t.split("{k}.", 1)[1]: r for r, t in _full_names(spec).items() if "{k}." in t}
     blocks: dict[str, set[int]] = {}
     plain: list[Any] = []
     for name in names:
@@ -211,7 +227,7 @@ def bias_parameters(spec: TransformerSpec, roles: Iterable[str], *, bias: str) -
     if bias not in {"all", "lora_only"}:
         raise ValueError(f"LoraConfig bias must be 'none', 'all' or 'lora_only'; got {bias!r}")
     shapes = role_shapes(spec)
-    every = {role for found in FAMILY_NAMES[spec.family].values() for role in found}
+    every = {role for found in names_of(spec).values() for role in found}
     # GPT-2's Conv1D and BERT's Linears all have biases; Llama-style ones q/k/v at most
     llama = {"q", "k", "v"} if spec.qkv_bias else set()
     biased = llama if spec.family is Family.LLAMA else every
@@ -325,9 +341,7 @@ def lora_setup(
         if isinstance(lora, LoraSetup):  # already ours, e.g. with shared_qkv_dropout=True
             return lora
         return lora_from_peft(spec, lora)
-    roles, head = resolve_targets(
-        spec, DEFAULT_TARGETS[spec.family] if targets is None else targets
-    )
+    roles, head = resolve_targets(spec, default_targets(spec) if targets is None else targets)
     return LoraSetup(
         rank=DEFAULT_RANK if rank is None else rank,
         roles=roles,

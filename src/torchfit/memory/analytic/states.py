@@ -16,8 +16,8 @@ from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.lora import (
     BLOCK_ROLES,
-    DEFAULT_TARGETS,
     LoraSetup,
+    default_targets,
     lora_parameters,
     role_shapes,
 )
@@ -87,7 +87,7 @@ def adapters_for(
         lora = lora_setup(spec)
         notes.append(
             f"{weights.value} weights train through adapters: assumed PEFT's default LoRA, "
-            f"r={lora.rank} on {', '.join(DEFAULT_TARGETS[spec.family])} "
+            f"r={lora.rank} on {', '.join(default_targets(spec))} "
             "(set lora_rank=/lora_targets=, or trainable_params=)"
         )
     if lora is not None and trainable_params is not None:
