@@ -334,6 +334,17 @@ CASES: list[Case] = [
         cap_gib=40,
     ),
     Case("T10_gemma2_2b_eager_bf16true_b2_s2048", "train", "gemma-2-2b", 2, 2048, weights="bf16"),
+    Case(  # no closed form: the meta-device pass with checkpointing, over a 4-bit base
+        "Q4_gemma2_2b_qlora16_gc_b2_s2048",
+        "train",
+        "gemma-2-2b",
+        2,
+        2048,
+        autocast="bf16",
+        gradient_checkpointing=True,
+        qlora=True,
+        lora=_ALL_LINEAR,
+    ),
     Case(
         "Q3_llama8b_untied_qlora16_gc_b1_s2048",
         "train",
@@ -425,11 +436,15 @@ def hf_config(name: str, *, dry: bool) -> Any:
     import transformers  # noqa: PLC0415
 
     cls, kwargs = CONFIGS[name]
+    if dry:  # shrunk before the config checks itself (Gemma 2's per-layer layer_types)
+        kwargs = {**kwargs, **{k: v for k, v in SHRINK.items() if k in kwargs}}
     config = getattr(transformers, cls)(**kwargs)
     if dry:
         for key, value in SHRINK.items():
             if hasattr(config, key):
                 setattr(config, key, value)
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[: config.num_hidden_layers]
     return config
 
 
