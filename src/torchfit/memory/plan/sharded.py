@@ -98,16 +98,14 @@ def gathered_bytes(spec: Any, step: Any, weights: int, param_dtype: str | None) 
     """Bytes of the root unit (embeddings, head) and of one block, as FSDP gathers them.
 
     Each block is a unit and the root holds the rest, as accelerate's transformer-layer
-    wrap does. A 16-bit ``MixedPrecisionPolicy`` gathers 2 bytes a parameter (a 4-bit
-    block's packed codes as they are); otherwise
-    each unit is gathered as stored: the root in the dtype of the base's other parameters
-    (fp32 after ``prepare_model_for_kbit_training``, a frozen base's ``base_dtype``, fp32
-    master weights under autocast), the blocks as what is left of ``weights`` (4-bit
-    Linears with their scales, norms, adapters).
+    wrap does. Each unit is gathered as stored: the root in the dtype of the base's other
+    parameters (fp32 after ``prepare_model_for_kbit_training``, a frozen base's
+    ``base_dtype``, fp32 master weights under autocast), a block as its share of what is
+    left of the single-GPU ``weights`` (4-bit Linears with their scales, norms, adapters).
+    A 16-bit ``MixedPrecisionPolicy`` (``param_dtype``) gathers 2 bytes a parameter, and
+    a 4-bit block's packed codes as they are.
     """
     root = spec.embedding_params + spec.head_params
-    if param_dtype is not None and step.quantization is None:
-        return 2 * root, 2 * ((spec.num_params - root) // spec.num_layers)
     if step.quantization is not None:
         rest = 4 if step.kbit_prepared else int(step.compute.itemsize)
         head = spec.head_params * rest
@@ -115,14 +113,16 @@ def gathered_bytes(spec: Any, step: Any, weights: int, param_dtype: str | None) 
             fmt = parse_dtype(step.quantization)
             head = linear_bytes([(spec.vocab, spec.hidden)], fmt, double_quant=step.double_quant)
         root_bytes = spec.embedding_params * rest + head
-        if param_dtype is not None:  # 16-bit gathers; the 4-bit codes travel as they are
-            block = max(0, math.ceil((weights - root_bytes) / spec.num_layers))
-            return 2 * root, block
     else:
         base = step.base_dtype
         rest = int(parse_dtype(base).itemsize) if base is not None else stored_itemsize(step)
         root_bytes = root * rest
-    return root_bytes, max(0, math.ceil((weights - root_bytes) / spec.num_layers))
+    block = max(0, math.ceil((weights - root_bytes) / spec.num_layers))
+    if param_dtype is None:
+        return root_bytes, block
+    if step.quantization is None:
+        block = 2 * ((spec.num_params - root) // spec.num_layers)
+    return 2 * root, block
 
 
 def stored_itemsize(step: Any) -> int:
