@@ -112,8 +112,13 @@ def _predicted(tied, frozen, *, root=True):
     start = single.replace(activations=saved.total, gradients=0, workspace=0)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     root_params = _root_params(model)
+    head = 0 if frozen else VOCAB * WIDTH  # its gradients, whole from the start of backward
     where = (
-        {"root_bytes": 4 * root_params, "root_trainable_params": 0 if frozen else root_params}
+        {
+            "root_bytes": 4 * root_params,
+            "root_trainable_params": 0 if frozen else root_params,
+            "root_head_params": head,
+        }
         if root
         else {}
     )

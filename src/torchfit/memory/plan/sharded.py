@@ -68,8 +68,9 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
     root = spec.embedding_params + spec.head_params
     block = (spec.num_params - root) // spec.num_layers
     unit_trainable, root_trainable = block, root
+    head = spec.head_params or spec.embedding_params  # a tied head is the embedding
     if adapters and trainable is not None:
-        unit_trainable, root_trainable = math.ceil(trainable / spec.num_layers), 0
+        unit_trainable, root_trainable, head = math.ceil(trainable / spec.num_layers), 0, 0
     stored = stored_itemsize(step)
     root_bytes, unit_bytes = gathered_bytes(spec, step, single.weights, settings.param_dtype)
     sharded = shard_estimate(
@@ -82,6 +83,7 @@ def per_rank(model: Any, settings: Settings, single: MemoryEstimate) -> MemoryEs
         unit_trainable_params=unit_trainable,
         root_bytes=root_bytes,
         root_trainable_params=root_trainable,
+        root_head_params=head,
         unit_bytes=unit_bytes,
         offload_optimizer=settings.offload_optimizer,
         offload_params=settings.offload_params,

@@ -29,6 +29,7 @@ __all__ = ["shard_estimate"]
     grad_bytes=checks.number(above=0),
     root_bytes=checks.whole(at_least=0),
     root_trainable_params=checks.whole(at_least=0),
+    root_head_params=checks.whole(at_least=0),
     unit_bytes=checks.whole(at_least=0),
 )
 def shard_estimate(
@@ -50,6 +51,7 @@ def shard_estimate(
     gpus_per_node: int | None = None,
     root_bytes: int = 0,
     root_trainable_params: int = 0,
+    root_head_params: int | None = None,
     unit_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The per-rank memory of one training step under a data-parallel strategy.
@@ -105,6 +107,9 @@ def shard_estimate(
             frees the root after forward).
         root_trainable_params: Of the root's parameters, the ones that train: their
             unsharded gradients are in flight together until the root's post-backward.
+        root_head_params: Of those, the output head's (a tied head's are the
+            embedding's): the root's gradients that already exist at the start of
+            backward. Default: all of ``root_trainable_params``.
         unit_bytes: Bytes of the largest other unit as gathered, where its parameters are
             not all ``param_bytes`` each (a 4-bit block beside fp32 norms and adapters);
             default ``largest_layer_params * param_bytes``.
@@ -150,6 +155,7 @@ def shard_estimate(
         autocast_copies=autocast_copies,
         root_bytes=root_bytes,
         root_trainable_params=root_trainable_params,
+        root_head_params=(root_trainable_params if root_head_params is None else root_head_params),
         unit_bytes=(
             math.ceil(largest_layer_params * param_bytes) if unit_bytes is None else unit_bytes
         ),
@@ -229,6 +235,7 @@ class _Options:
     autocast_copies: int
     root_bytes: int = 0
     root_trainable_params: int = 0
+    root_head_params: int = 0
     unit_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -354,10 +361,12 @@ def _fully_sharded(
     gathered = o.root_bytes + 2 * o.unit_bytes
     if not o.reshard_after_forward and estimate.peak_at != "end of backward":
         gathered = max(gathered, math.ceil(o.params * o.param_bytes))
-    # the root's gradients are whole until its post-backward, in place of their shard
-    root_grads = math.ceil(o.root_trainable_params * o.grad_bytes)
     in_flight = 2 * math.ceil(o.unit_trainable_params * o.grad_bytes)
-    in_flight += root_grads - math.ceil(root_grads / n)
+    if estimate.peak_at == "start of backward":  # the head's gradients, whole already
+        in_flight += math.ceil(o.root_head_params * o.grad_bytes)
+    else:  # the root's gradients are whole until its post-backward, in place of a shard
+        root_grads = math.ceil(o.root_trainable_params * o.grad_bytes)
+        in_flight += root_grads - math.ceil(root_grads / n)
     return shard_w + gathered, shard_g + in_flight, workspace
 
 

@@ -76,6 +76,7 @@ def deepspeed_zero_bytes(
     grad_bytes=checks.number(above=0),
     root_bytes=checks.whole(at_least=0),
     root_trainable_params=checks.whole(at_least=0),
+    root_head_params=checks.whole(at_least=0),
     unit_bytes=checks.whole(at_least=0),
 )
 def min_gpus(
@@ -95,6 +96,7 @@ def min_gpus(
     autocast_copies: int = 0,
     root_bytes: int = 0,
     root_trainable_params: int = 0,
+    root_head_params: int | None = None,
     unit_bytes: int | None = None,
 ) -> int | None:
     """The smallest world size in 1, 2, 4, ..., 1024 whose per-rank estimate fits.
@@ -119,6 +121,7 @@ def min_gpus(
         autocast_copies: Autocast weight copies in the estimate (see `shard_estimate`).
         root_bytes: The root unit's gathered bytes (see `shard_estimate`).
         root_trainable_params: The root's parameters that train (see `shard_estimate`).
+        root_head_params: Of those, the output head's (see `shard_estimate`).
         unit_bytes: The largest other unit's gathered bytes (see `shard_estimate`).
 
     Returns:
@@ -150,6 +153,7 @@ def min_gpus(
             autocast_copies=autocast_copies,
             root_bytes=root_bytes,
             root_trainable_params=root_trainable_params,
+            root_head_params=root_head_params,
             unit_bytes=unit_bytes,
         )
         if rank.device_total <= gpu_memory_bytes:
