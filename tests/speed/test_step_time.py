@@ -286,3 +286,22 @@ def test_results_repr_in_one_short_line_and_print_the_table():
         assert "\n" not in text and len(text) < 160, text
     assert repr(table).endswith(f"fastest {fastest.gpu}>")
     assert str(table.rows[0].time).count("\n") > 3  # print: the breakdown table
+
+
+def test_peft_copies_a_4_bit_layers_output_before_adding_its_adapter(monkeypatch):
+    """peft's LoRA over bitsandbytes' Linear4bit clones the base's output (the fp32 output
+    of a prepared base: read and written once more), each forward."""
+    from torchfit.speed import workload
+
+    step = Step(batch_size=2, seq_len=64, precision="bf16-mixed", quantization="nf4")
+    step = step.replace(lora_rank=8, lora_targets=("c_attn",))
+
+    def forward_bytes(timed):
+        return sum(r.bytes for r in timed.breakdown if (r.kind, r.phase) == ("memory", "forward"))
+
+    cloned = step_time(TINY, "H100", step)
+    monkeypatch.setattr(workload, "_defensive_clone", lambda recorder: lambda *_: None)
+    plain = step_time(TINY, "H100", step)
+    tokens, out = 2 * 64, 3 * TINY.n_embd  # c_attn's output: q, k and v
+    expected = TINY.n_layer * tokens * out * 2 * 4  # fp32, read and written
+    assert forward_bytes(cloned) - forward_bytes(plain) == pytest.approx(expected)

@@ -150,6 +150,7 @@ def _dequant_hooks(
     wider = 0.0 if matmul is None else max(torch.finfo(matmul).bits // 8 - 2, 0)
     per_weight = _DEQUANT_BYTES[weights] + wider
     handles = []
+    adapted = {id(m.base_layer) for m in module.modules() if hasattr(m, "lora_A")}
     for linear in _quantized_linears(module, head=head):
         moved = float(linear.weight.numel() * per_weight)  # type: ignore[operator]
 
@@ -159,7 +160,26 @@ def _dequant_hooks(
         handles.append(linear.register_forward_pre_hook(dequantize))
         handles.append(linear.register_full_backward_pre_hook(dequantize))
         handles += _cast_back_hooks(linear, recorder)
+        if id(linear) in adapted:
+            handles.append(linear.register_forward_hook(_defensive_clone(recorder)))
     return handles
+
+
+def _defensive_clone(recorder: OpRecorder) -> Any:
+    """PEFT's LoRA over a 4-bit Linear copies the base's output before adding its own.
+
+    ``peft/tuners/lora/bnb.py``, ``Linear4bit.forward``: ``result = result.clone()`` ("As
+    per Tim Dettmers, for 4bit, we need to defensively clone here"), a copy the generic
+    LoRA layer the step is recorded with does not make: the output read and written once
+    more, in the dtype bitsandbytes returns it (the input's: fp32 over a prepared base).
+    """
+
+    def clone(_: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        width = args[0].element_size() if args and isinstance(args[0], torch.Tensor) else 2
+        moved = float(out.numel() * 2 * width)
+        recorder.add(Op("clone", OpKind.MEMORY, recorder.phase, 0.0, moved, "fp32"))
+
+    return clone
 
 
 def _own_compute_hooks(module: nn.Module, matmul: torch.dtype, *, head: bool) -> list[Any]:
