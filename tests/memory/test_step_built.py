@@ -108,3 +108,17 @@ def test_adapters_other_than_lora_are_refused():
     model = peft.get_peft_model(base, peft.IA3Config(target_modules=["k_proj", "v_proj"]))
     with pytest.raises(ValueError, match=r"IA3Config adapters.*trace this model"):
         estimate(model, **KW)
+
+
+def test_a_lora_model_loaded_for_inference_serves_and_does_not_train():
+    """PeftModel.from_pretrained loads adapters with inference_mode=True: a forward is
+    planned (the base's dtype read for training is not), a training step is refused."""
+    with torch.device("meta"):
+        base = transformers.LlamaForCausalLM(tiny_llama()).to(torch.bfloat16)
+    lora = peft.LoraConfig(r=8, target_modules=TARGETS, inference_mode=True)
+    model = peft.get_peft_model(base, lora)
+    kw = {"batch_size": 2, "seq_len": 128, "mode": "inference", "precision": "bf16-true"}
+    served = estimate(model, **kw)
+    assert served.total == estimate(tiny_llama(), lora=lora, **kw).total
+    with pytest.raises(ValueError, match=r"inference_mode=True\) freezes the adapters"):
+        estimate(model, batch_size=2, seq_len=128, precision="bf16-mixed")

@@ -243,7 +243,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             optimizer_in_backward=optimizer_in_backward,
             compute_dtype=compute,
             loss_chunk=loss_chunk_size,
-            lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout),
+            lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout, training=step.training),
             bitsandbytes_version=bitsandbytes_version,
             double_quant=double_quant,
             quantize_head=quantize_head,

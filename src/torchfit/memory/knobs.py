@@ -107,11 +107,15 @@ def lora_of(
     rank: int | None,
     targets: str | Sequence[str] | None,
     dropout: float | None,
+    *,
+    training: bool = True,
 ) -> LoraSetup | None:
     """The adapters asked for, or None when no LoRA argument was given."""
     if lora is None and rank is None and targets is None and dropout is None:
         return None
-    return lora_setup(spec, lora=lora, rank=rank, targets=targets, dropout=dropout)
+    return lora_setup(
+        spec, lora=lora, rank=rank, targets=targets, dropout=dropout, training=training
+    )
 
 
 def refuse_for_meta_pass(*, lora: bool, chunked: bool) -> None:

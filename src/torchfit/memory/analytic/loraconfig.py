@@ -260,14 +260,16 @@ def _saved(spec: TransformerSpec, names: Iterable[str]) -> tuple[frozenset[str],
     return frozenset(saved), small
 
 
-def lora_from_peft(spec: TransformerSpec, config: Any) -> LoraSetup:
+def lora_from_peft(spec: TransformerSpec, config: Any, *, training: bool = True) -> LoraSetup:
     """A `LoraSetup` from a ``peft.LoraConfig``, field by field (see the module notes).
+
+    ``training``: the adapters train (``inference_mode=True`` is then refused).
 
     Raises:
         ValueError: a field whose structure the closed form does not model, or a name
             that matches no module; the message names the field and what to do.
     """
-    if getattr(config, "inference_mode", False):
+    if training and getattr(config, "inference_mode", False):
         raise ValueError(
             "LoraConfig(inference_mode=True) freezes the adapters, so nothing would train; "
             "set inference_mode=False, or estimate with mode='inference'"
@@ -319,8 +321,11 @@ def lora_setup(
     rank: int | None = None,
     targets: str | Iterable[str] | None = None,
     dropout: float | None = None,
+    training: bool = True,
 ) -> LoraSetup:
     """The adapters `estimate` plans: a ``peft.LoraConfig``, a `LoraSetup`, a rank and targets.
+
+    ``training``: the step trains them (see `lora_from_peft`).
 
     The defaults are PEFT's for the family: ``r=8`` on q and v (`DEFAULT_TARGETS`).
 
@@ -340,7 +345,7 @@ def lora_setup(
             )
         if isinstance(lora, LoraSetup):  # already ours, e.g. with shared_qkv_dropout=True
             return lora
-        return lora_from_peft(spec, lora)
+        return lora_from_peft(spec, lora, training=training)
     roles, head = resolve_targets(spec, default_targets(spec) if targets is None else targets)
     return LoraSetup(
         rank=DEFAULT_RANK if rank is None else rank,

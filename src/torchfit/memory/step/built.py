@@ -82,9 +82,14 @@ def with_built(model: Any, step: Step | None, keywords: dict[str, Any]) -> dict[
     read = built_fields(model)
     if read is None:
         return None
-    if step is None:
-        return merge_fields(read, keywords)
-    return merge_fields(_native(read), _changed(step))
+    given = keywords if step is None else _changed(step)
+    merged = merge_fields(read if step is None else _native(read), given)
+    if str(merged.get("mode", "train")).strip().lower() == "inference":
+        # how a base trains (its fp32 casts, the dtype beside autocast) is training's
+        for name in ("base_dtype", "kbit_prepare"):
+            if name not in given:
+                merged.pop(name, None)
+    return merged
 
 
 def _native(read: StepFields) -> StepFields:
