@@ -122,3 +122,11 @@ def test_a_lora_model_loaded_for_inference_serves_and_does_not_train():
     assert served.total == estimate(tiny_llama(), lora=lora, **kw).total
     with pytest.raises(ValueError, match=r"inference_mode=True\) freezes the adapters"):
         estimate(model, batch_size=2, seq_len=128, precision="bf16-mixed")
+
+
+def test_a_model_quantized_otherwise_than_by_bitsandbytes_is_refused():
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(tiny_llama())
+    model.config.quantization_config = {"quant_method": "gptq", "bits": 4}
+    with pytest.raises(ValueError, match=r"quantized with 'gptq'.*dtype='int4'"):
+        estimate(model, **KW)

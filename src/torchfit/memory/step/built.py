@@ -126,13 +126,25 @@ def _changed(step: Step) -> dict[str, Any]:
 
 
 def _bitsandbytes_config(model: nn.Module) -> Any:
-    """The ``BitsAndBytesConfig`` (or its dict) the model was loaded with, if any."""
+    """The ``BitsAndBytesConfig`` (or its dict) the model was loaded with, if any.
+
+    Raises:
+        ValueError: another quantization (GPTQ, AWQ, ...): read as 16 bits it would be
+            silently wrong.
+    """
     config = getattr(model, "config", None)
     found = getattr(config, "quantization_config", None)
     if found is None:
         return None
     method = found.get("quant_method") if isinstance(found, Mapping) else found.quant_method
-    return found if "bitsandbytes" in str(getattr(method, "value", method)) else None
+    method = str(getattr(method, "value", method))
+    if "bitsandbytes" not in method:
+        raise ValueError(
+            f"the model is quantized with {method!r} (its config.quantization_config); "
+            "torchfit models bitsandbytes' layout: pass its config with dtype='int4' for a "
+            "4-bit estimate of the weights, or trace the loaded model (torchfit.memory.trace)"
+        )
+    return found
 
 
 def _input_embedding(model: nn.Module) -> torch.Tensor | None:
