@@ -130,3 +130,16 @@ def test_a_model_quantized_otherwise_than_by_bitsandbytes_is_refused():
     model.config.quantization_config = {"quant_method": "gptq", "bits": 4}
     with pytest.raises(ValueError, match=r"quantized with 'gptq'.*dtype='int4'"):
         estimate(model, **KW)
+
+
+def test_a_lora_model_planned_over_several_cards():
+    """The plan's other moments change the step (a start of backward without adapters):
+    they are taken from the model's config, not read from the model again."""
+    with torch.device("meta"):
+        base = transformers.LlamaForCausalLM(tiny_llama()).to(torch.bfloat16)
+    lora = _lora()
+    model = peft.get_peft_model(base, lora)
+    kw = {"batch_size": 2, "seq_len": 128, "strategy": "fsdp", "precision": "bf16-mixed"}
+    planned = fits(model, ["H100"] * 2, time=True, **kw)
+    said = fits(tiny_llama(), ["H100"] * 2, lora=lora, base_dtype="bf16", **kw)
+    assert planned.estimate.total == said.estimate.total and planned.time.gpus == 2

@@ -36,11 +36,12 @@ from torchfit.memory.plan.device import (
     step_estimate,
 )
 from torchfit.memory.plan.device import device_estimate as _device_estimate
-from torchfit.memory.plan.settings import Settings, default_seq_len, max_positions
+from torchfit.memory.plan.settings import Settings, config_of, default_seq_len, max_positions
 from torchfit.memory.plan.sharded import shard_param_dtype
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding import parse_strategy
 from torchfit.memory.step import Step
+from torchfit.memory.step.built import built_fields
 from torchfit.memory.step.entry import card_step
 
 __all__ = ["Plan", "card_fit", "plan_card"]
@@ -183,6 +184,17 @@ class Plan:
                 f"machine verdict: {verdict} (the card: {card}; the host: {self.host.verdict})"
             )
         return "\n".join(lines)
+
+
+def _as_planned(model: Any) -> Any:
+    """A built model's config once its step holds what the model says (a ``PeftModel``).
+
+    The search, the other moments and the advice change the step (its batch, a start of
+    backward without adapters, another precision): read from the model again, its
+    adapters and dtypes would contradict those changes.
+    """
+    config = config_of(model)
+    return config if config is not None and built_fields(model) is not None else model
 
 
 def _searched(model: Any, settings: Settings, card: GPU) -> tuple[Settings, MemoryEstimate, int]:
@@ -372,6 +384,7 @@ def plan_card(
         cuda_version=None if cuda_version is None else str(cuda_version),
         context_bytes=given_context(context_bytes),
     )
+    model = _as_planned(model)
     with estimated_once():  # the search and the advice ask some steps twice
         settings, current, largest = _searched(model, settings, card)
         longest = None
