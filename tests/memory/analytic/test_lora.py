@@ -413,3 +413,10 @@ def test_phi3_has_no_separate_projections():
     spec = spec_from_config(_phi3())
     with pytest.raises(ValueError, match=r"'q_proj' matches no Linear.*qkv_proj"):
         lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=["q_proj"]))
+
+
+def test_a_pattern_matching_nothing_names_a_module_of_the_model():
+    for config, example in [(_phi3(), "self_attn.qkv_proj"), (_model("gpt2")[0], "attn.c_attn")]:
+        spec = spec_from_config(config)
+        with pytest.raises(ValueError, match=rf"matches no Linear.*{example}"):
+            lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=r".*\.nothing"))
