@@ -2,7 +2,7 @@
 
 The checkpointed estimate is checked against the fake-tensor trace of the same model with
 ``gradient_checkpointing_enable()`` (the trace runs transformers' own checkpointing), on
-small Gemma 2 and Gemma 3 configs: measured -5.6% to +3.9% (torch 2.13, transformers 5),
+small Gemma 2 and Gemma 3 configs: measured -4.2% to +5.8% (torch 2.13, transformers 5),
 where the estimate without checkpointing is +54% to +120% over the checkpointed trace.
 """
 
@@ -16,7 +16,7 @@ from torchfit.memory.result import LayerMemory, MemoryEstimate
 transformers = pytest.importorskip("transformers")
 
 BATCH, SEQ = 2, 512
-TOLERANCE = 0.08  # the worst measured is -5.6% (eager Gemma 2, whose backward is not counted)
+TOLERANCE = 0.08  # the worst measured is +5.8% (Gemma 2's QLoRA)
 SHAPES = {
     "hidden_size": 256,
     "intermediate_size": 704,

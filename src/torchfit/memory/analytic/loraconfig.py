@@ -146,7 +146,7 @@ def _targets(spec: TransformerSpec, value: Any, what: str) -> tuple[frozenset[st
             raise ValueError(
                 f"{what}={value!r} (a regular expression of full module names) matches no "
                 f"Linear of a {spec.family.value}-style model, e.g. "
-                f"{_full_names(spec).get('q', _full_names(spec)['qkv'])!r}"
+                f"{_full_names(spec).get('q') or _full_names(spec)['qkv']!r}"
             )
         return frozenset(roles - {"head"}), "head" in roles
     if not isinstance(value, str) and any(isinstance(v, str) and "." in v for v in value):

@@ -44,17 +44,16 @@ def checkpointed_layers(model: nn.Module) -> list[str]:
 
 @contextlib.contextmanager
 def layer_input_bytes(model: nn.Module, layer: str) -> Iterator[list[int]]:
-    """Within it, the bytes of the hidden states ``layer`` is called with, once called.
+    """Within it, ``[elements, bytes per element]`` of the hidden states ``layer`` gets.
 
-    The pass's own stream, whatever its dtype: fp32 over fp32 weights under autocast,
-    16-bit over a 16-bit or prepared quantized base.
+    Filled once ``layer`` is called: the pass's own stream, in the pass's dtype.
     """
     seen: list[int] = []
 
     def record(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
         if not seen and isinstance(hidden, torch.Tensor):
-            seen.append(hidden.numel() * hidden.element_size())
+            seen.extend((hidden.numel(), hidden.element_size()))
 
     handle = model.get_submodule(layer).register_forward_pre_hook(record, with_kwargs=True)
     try:

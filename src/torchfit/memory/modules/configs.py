@@ -85,6 +85,7 @@ def by_meta_pass(
     new_tokens: int | None = None,
     prepare: Callable[[nn.Module], None] | None = None,
     checkpointing: bool = False,
+    fp32_stream: bool | None = None,
     **options: Any,
 ) -> MemoryEstimate:
     """Any transformers architecture: a meta-device pass with token ids as its input.
@@ -108,7 +109,9 @@ def by_meta_pass(
 
     ``prepare`` changes the adapted copy before the pass (never the shared base model):
     it needs ``adapters``. ``checkpointing``: transformers' gradient checkpointing of its
-    decoder layers (`torchfit.memory.modules.checkpointed`).
+    decoder layers (`torchfit.memory.modules.checkpointed`), each keeping its input in
+    fp32 with ``fp32_stream`` (fp32 embeddings and norms: fp32 weights under autocast by
+    default, a prepared 4-bit base), else in the pass's dtype.
     """
     limit = sequence_limit(config)
     seq = pass_sequence(config, seq_len)
@@ -130,8 +133,9 @@ def by_meta_pass(
         stack.enter_context(transformers_without_data())
         first = stack.enter_context(layer_input_bytes(model, layers[0])) if layers else []
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
-    if checkpointing and training:
-        found = with_checkpointing(found, layers, input_bytes=first[0] if first else 0)
+    if checkpointing and training:  # fp32 weights under autocast: fp32 embeddings, norms
+        stream = (frozen_dtype is None and _mixed(options)) if fp32_stream is None else fp32_stream
+        found = _checkpointed(found, layers, first, fp32_stream=stream)
     built = type(meta_model(config, attention)).__name__
     method = (
         f"method: meta-device pass of {built} built from its config (no closed "
@@ -176,6 +180,24 @@ def by_meta_pass(
             found, model, batch, parse_dtype(options["dtype"]), new_tokens=new_tokens, vocab=vocab
         )
     return found.replace(notes=(method, *found.notes))
+
+
+def _checkpointed(
+    found: MemoryEstimate, layers: list[str], first: list[int], *, fp32_stream: bool
+) -> MemoryEstimate:
+    """``found`` checkpointed: each layer keeps its input, fp32 with ``fp32_stream``.
+
+    ``first`` is ``[elements, bytes per element]`` of one input as the pass ran it.
+    """
+    elements, itemsize = first or (0, 0)
+    width = FP32 if fp32_stream else itemsize
+    return with_checkpointing(found, layers, input_bytes=math.ceil(elements * width))
+
+
+def _mixed(options: dict[str, Any]) -> bool:
+    """Autocast over fp32 master weights: as given, else for a 16-bit compute dtype."""
+    mixed = options.get("mixed_precision")
+    return parse_dtype(options["dtype"]).bits == 16 if mixed is None else bool(mixed)
 
 
 def _pass_model(

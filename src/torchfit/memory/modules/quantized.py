@@ -217,6 +217,7 @@ def quantized_meta_pass(
         adapters=adapters,
         prepare=prepare,
         checkpointing=checkpointing,
+        fp32_stream=training and kbit_prepare,  # prepared: fp32 embeddings and norms
         **options,
     )
     trainable = 0
