@@ -145,6 +145,22 @@ class DType(enum.Enum):
         """Bytes per element as stored; 0.5 for the 4-bit formats."""
         return self.bits / 8
 
+    def autocasts(self, *, mixed: bool | None, training: bool = True) -> bool:
+        """Whether a step computing in this dtype is mixed precision (fp32 masters).
+
+        ``mixed`` as given; left out (``None``), a 16-bit compute dtype trains under
+        autocast, the estimators' default, and inference is never mixed.
+
+        Example:
+            >>> DType.BF16.autocasts(mixed=None), DType.FP32.autocasts(mixed=None)
+            (True, False)
+            >>> DType.BF16.autocasts(mixed=None, training=False), DType.BF16.autocasts(mixed=False)
+            (False, False)
+        """
+        if mixed is None:
+            return training and self.bits == 16
+        return bool(mixed)
+
     def master(self, *, mixed: bool) -> DType:
         """The dtype parameters that train in this compute dtype (and their gradients) keep.
 

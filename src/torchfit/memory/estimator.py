@@ -294,7 +294,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         )
     check_quantize_head(weights, head=quantize_head, tied=False)
     # autocast (the default for 16-bit training) keeps fp32 masters of what trains only
-    mixed = parse_dtype(dtype).bits == 16 if mixed_precision is None else mixed_precision
+    mixed = parse_dtype(dtype).autocasts(mixed=mixed_precision)
     frozen = _base_dtype(config, base_dtype) if wants_lora and mixed else None
     return by_meta_pass(
         config,

@@ -235,7 +235,7 @@ def check_base_dtype(
             "lora_rank=/lora_targets=, or trainable_params=), but the whole model trains; "
             "precision= (or dtype=) names its dtype"
         )
-    autocast = compute.bits == 16 if mixed is None else mixed
+    autocast = compute.autocasts(mixed=mixed)
     if not autocast and given is not compute:
         raise ValueError(
             f"base_dtype={given.value!r}, but without autocast the whole model computes in "

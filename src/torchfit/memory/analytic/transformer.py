@@ -101,7 +101,7 @@ def estimate_transformer(
     weights_format = parse_dtype(dtype)
     quantized_compute = DType.BF16 if compute_dtype is None else parse_dtype(compute_dtype)
     compute = quantized_compute if weights_format.is_quantized else weights_format
-    mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
+    mixed = compute.autocasts(mixed=mixed_precision, training=training)
     opt = parse_optimizer(optimizer) if training else OptimizerName.NONE
     notes: list[str] = []
 

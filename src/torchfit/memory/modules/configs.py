@@ -134,7 +134,8 @@ def by_meta_pass(
         first = stack.enter_context(layer_input_bytes(model, layers[0])) if layers else []
         found = estimate_module(run, example_inputs=batch, frozen_dtype=frozen_dtype, **options)
     if checkpointing and training:  # fp32 weights under autocast: fp32 embeddings, norms
-        stream = (frozen_dtype is None and _mixed(options)) if fp32_stream is None else fp32_stream
+        mixed = parse_dtype(options["dtype"]).autocasts(mixed=options.get("mixed_precision"))
+        stream = (frozen_dtype is None and mixed) if fp32_stream is None else fp32_stream
         found = _checkpointed(found, layers, first, fp32_stream=stream)
     built = type(meta_model(config, attention)).__name__
     method = (
@@ -192,12 +193,6 @@ def _checkpointed(
     elements, itemsize = first or (0, 0)
     width = FP32 if fp32_stream else itemsize
     return with_checkpointing(found, layers, input_bytes=math.ceil(elements * width))
-
-
-def _mixed(options: dict[str, Any]) -> bool:
-    """Autocast over fp32 master weights: as given, else for a 16-bit compute dtype."""
-    mixed = options.get("mixed_precision")
-    return parse_dtype(options["dtype"]).bits == 16 if mixed is None else bool(mixed)
 
 
 def _pass_model(
@@ -368,7 +363,7 @@ def _with_loss_gradients(
     loss_grads = max(loss_grads, summed - saved)
     kept = 0
     if loop.gradients_during_forward:
-        mixed = compute.bits == 16 if mixed_precision is None else mixed_precision
+        mixed = compute.autocasts(mixed=mixed_precision)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         kept = math.ceil(trainable * compute.master(mixed=mixed).itemsize)
     output = kept_output if loop.keep_output else 0

@@ -165,7 +165,7 @@ def estimate_module(
     compute = parse_dtype(dtype)
     step = parse_mode(mode)
     training = step is Mode.TRAIN
-    mixed = training and compute.bits == 16 if mixed_precision is None else mixed_precision
+    mixed = compute.autocasts(mixed=mixed_precision, training=training)
     example = (
         torch.empty((batch_size, *input_shape), device="meta")
         if example_inputs is None

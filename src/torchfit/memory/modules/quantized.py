@@ -231,8 +231,7 @@ def quantized_meta_pass(
                 f"LoRA, r={lora.r} on {', '.join(sorted(lora.target_modules))} (set "
                 "lora_rank=/lora_targets=)"
             )
-    mixed = options.get("mixed_precision")
-    mixed = training and compute.bits == 16 if mixed is None else mixed
+    mixed = compute.autocasts(mixed=options.get("mixed_precision"), training=training)
     prepared = training and kbit_prepare
     rest = DType.FP32 if prepared else compute
     held = meta_quantized_weight_bytes(
