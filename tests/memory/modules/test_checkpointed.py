@@ -4,12 +4,14 @@ The checkpointed estimate is checked against the fake-tensor trace of the same m
 ``gradient_checkpointing_enable()`` (the trace runs transformers' own checkpointing), on
 small Gemma 2 and Gemma 3 configs: measured -4.2% to +5.8% (torch 2.13, transformers 5),
 where the estimate without checkpointing is +54% to +120% over the checkpointed trace.
+Against real CPU steps of the same configs (fp32, AdamW, checkpointing on): Gemma 2
+-3.4%, Gemma 3 0.0%.
 """
 
 import pytest
 import torch
 
-from torchfit.memory import estimate, to_device, trace
+from torchfit.memory import estimate, measure_step, to_device, trace
 from torchfit.memory.modules.checkpointed import checkpointed_layers, with_checkpointing
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
@@ -113,3 +115,25 @@ def test_the_larger_of_the_two_moments_is_taken():
     assert done.activations == 10 + 16 + 120 and "layers.1" in done.peak_at
     with pytest.raises(ValueError, match="GradientCheckpointingLayer"):
         with_checkpointing(found, [], input_bytes=8)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_checkpointed_pass_against_a_real_cpu_step(name):
+    config = CONFIGS[name]()
+    config.use_cache = False
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids = torch.randint(0, SHAPES["vocab_size"], (BATCH, SEQ))
+    real = measure_step(model, {"input_ids": ids, "labels": ids}, optimizer="adamw").peak
+    found = estimate(
+        CONFIGS[name](),
+        batch_size=BATCH,
+        seq_len=SEQ,
+        precision="32-true",
+        gradient_checkpointing=True,
+        device="cpu",
+    )
+    error = found.total / real - 1
+    assert abs(error) <= 0.05, f"{name}: {error:+.1%}"  # measured -3.4% and 0.0%
