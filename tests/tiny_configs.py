@@ -1,6 +1,10 @@
-"""Tiny transformers configs the Step tests share (estimates in milliseconds)."""
+"""Tiny transformers configs and models the tests share (estimates in milliseconds)."""
 
+import torch
 import transformers
+
+#: The vocabulary of `tiny_family`'s models.
+VOCAB = 4000
 
 
 def tiny_llama(**overrides):
@@ -14,3 +18,44 @@ def tiny_llama(**overrides):
         "vocab_size": 1000,
     }
     return transformers.LlamaConfig(**{**shape, **overrides})
+
+
+def tiny_family(family, *, layers=3):
+    """``(config, model)``: a 128-wide Llama, GPT-2 (no dropout) or BERT masked LM, seeded."""
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+        )
+        cls = transformers.LlamaForCausalLM
+    elif family == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=layers,
+            n_embd=128,
+            n_head=4,
+            n_positions=256,
+            vocab_size=VOCAB,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        cls = transformers.GPT2LMHeadModel
+    else:
+        config = transformers.BertConfig(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=256,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        cls = transformers.BertForMaskedLM
+    torch.manual_seed(0)
+    return config, cls(config)

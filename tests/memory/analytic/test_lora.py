@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tiny_configs import VOCAB, tiny_family
 from torchfit.memory import estimate, measure_step, to_device, trace
 from torchfit.memory.analytic.arch import spec_from_config
 from torchfit.memory.analytic.lora import lora_parameters
@@ -10,49 +11,6 @@ from torchfit.memory.analytic.loraconfig import lora_setup
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
-
-VOCAB = 4000
-
-
-def _model(family):
-    if family == "llama":
-        config = transformers.LlamaConfig(
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=VOCAB,
-            max_position_embeddings=256,
-        )
-        cls = transformers.LlamaForCausalLM
-    elif family == "gpt2":
-        config = transformers.GPT2Config(
-            n_layer=3,
-            n_embd=128,
-            n_head=4,
-            n_positions=256,
-            vocab_size=VOCAB,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        cls = transformers.GPT2LMHeadModel
-    else:
-        config = transformers.BertConfig(
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            vocab_size=VOCAB,
-            max_position_embeddings=256,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        cls = transformers.BertForMaskedLM
-    torch.manual_seed(0)
-    return config, cls(config)
-
 
 CASES = [
     ("llama", ["q_proj", "v_proj"], 0.0),
@@ -68,7 +26,7 @@ CASES = [
 
 @pytest.mark.parametrize(("family", "targets", "dropout"), CASES)
 def test_adapters_train_what_peft_trains(family, targets, dropout):
-    config, model = _model(family)
+    config, model = tiny_family(family)
     lora = peft.LoraConfig(
         r=8, target_modules=targets, lora_dropout=dropout, fan_in_fan_out=family == "gpt2"
     )
@@ -82,7 +40,7 @@ def test_adapters_train_what_peft_trains(family, targets, dropout):
 
 @pytest.mark.parametrize(("family", "targets", "dropout"), CASES)
 def test_estimate_of_a_lora_step_against_the_real_peft_step(family, targets, dropout):
-    config, model = _model(family)
+    config, model = tiny_family(family)
     lora = peft.LoraConfig(
         r=8, target_modules=targets, lora_dropout=dropout, fan_in_fan_out=family == "gpt2"
     )
@@ -96,7 +54,7 @@ def test_estimate_of_a_lora_step_against_the_real_peft_step(family, targets, dro
 
 
 def test_a_real_peft_model_traces_exactly():
-    _, model = _model("llama")
+    _, model = tiny_family("llama")
     real = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     ids = torch.randint(0, VOCAB, (4, 64))
     inputs = {"input_ids": ids, "labels": ids}
@@ -106,7 +64,7 @@ def test_a_real_peft_model_traces_exactly():
 
 
 def test_rank_and_targets_without_peft_match_a_lora_config():
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     common = dict(batch_size=2, seq_len=64, device="cpu")
     by_config = estimate(
         config, lora=peft.LoraConfig(r=16, target_modules=["q_proj", "k_proj"]), **common
@@ -116,7 +74,7 @@ def test_rank_and_targets_without_peft_match_a_lora_config():
 
 
 def test_a_quantized_base_assumes_peft_default_adapters_and_says_so():
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     plan = estimate(config, batch_size=1, seq_len=64, dtype="nf4")
     default = estimate(
         config,
@@ -145,7 +103,7 @@ def test_a_quantized_base_assumes_peft_default_adapters_and_says_so():
     ],
 )
 def test_bad_lora_settings_are_named(kwargs, error, message):
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     with pytest.raises(error, match=message):
         estimate(config, batch_size=1, seq_len=16, **kwargs)
 
@@ -157,7 +115,7 @@ def test_lora_on_a_plain_module_says_what_to_do():
 
 
 def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     common = dict(batch_size=4, seq_len=128, dtype="nf4", device="cuda")
     old = estimate(config, bitsandbytes_version="0.41.1", **common)
     new = estimate(config, bitsandbytes_version="0.43.2", **common)
@@ -176,7 +134,7 @@ def test_old_bitsandbytes_keeps_every_4bit_input_and_double_quant_saves_bytes():
 
 
 def test_a_quantized_head_and_the_loading_cache_note():
-    spec_config, _ = _model("llama")
+    spec_config, _ = tiny_family("llama")
     common = dict(batch_size=1, seq_len=64, dtype="nf4", mode="inference")
     kept = estimate(spec_config, **common)
     quantized = estimate(spec_config, quantize_head=True, **common)
@@ -185,7 +143,7 @@ def test_a_quantized_head_and_the_loading_cache_note():
     assert head_bf16 // 4 < kept.weights - quantized.weights < head_bf16
     with pytest.raises(ValueError, match="needs quantized weights"):
         estimate(spec_config, batch_size=1, seq_len=64, mode="inference", quantize_head=True)
-    config, _ = _model("gpt2")  # a tied head cannot be quantized
+    config, _ = tiny_family("gpt2")  # a tied head cannot be quantized
     with pytest.raises(ValueError, match="tied"):
         estimate(config, quantize_head=True, **common)
     assert any("empty_cache" in note for note in to_device(kept, gpu="RTX 4090").notes)
@@ -225,7 +183,7 @@ FIELDS = [
 
 
 def _family(family):
-    return _qwen2() if family == "qwen2" else _model(family)
+    return _qwen2() if family == "qwen2" else tiny_family(family)
 
 
 LORA_BIAS = "ignore:`lora_bias=True` was passed:UserWarning"
@@ -255,7 +213,7 @@ def test_every_field_trains_what_peft_trains(family, fields):
     ],
 )
 def test_a_step_with_those_fields_against_the_real_peft_step(fields):
-    config, model = _model("llama")
+    config, model = tiny_family("llama")
     lora = peft.LoraConfig(r=8, **fields)
     real = peft.get_peft_model(model, lora)
     ids = torch.randint(0, VOCAB, (4, 128))
@@ -267,7 +225,7 @@ def test_a_step_with_those_fields_against_the_real_peft_step(fields):
 
 
 def test_dora_keeps_both_outputs_and_a_saved_head_trains():
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     common = dict(batch_size=4, seq_len=128, device="cpu")
     plain = estimate(config, lora=peft.LoraConfig(r=8, target_modules=["q_proj"]), **common)
     dora = estimate(
@@ -301,122 +259,13 @@ def test_dora_keeps_both_outputs_and_a_saved_head_trains():
     ],
 )
 def test_fields_the_closed_form_cannot_model_are_named(fields, message):
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     with pytest.raises(ValueError, match=message):
         estimate(config, batch_size=1, seq_len=16, lora=peft.LoraConfig(r=8, **fields))
 
 
 def test_dora_over_a_4_bit_base_is_refused():
-    config, _ = _model("llama")
+    config, _ = tiny_family("llama")
     lora = peft.LoraConfig(r=8, target_modules=["q_proj"], use_dora=True)
     with pytest.raises(ValueError, match="use_dora=True over a nf4 base"):
         estimate(config, batch_size=1, seq_len=16, dtype="nf4", lora=lora)
-
-
-def _two_layers(family):
-    config, _ = _model(family)
-    config.update({"num_hidden_layers" if family == "llama" else "n_layer": 2})
-    torch.manual_seed(0)
-    cls = transformers.LlamaForCausalLM if family == "llama" else transformers.GPT2LMHeadModel
-    return config, cls(config)
-
-
-@pytest.mark.parametrize("family", ["llama", "bert"])
-def test_a_config_peft_has_already_applied_reads_as_before(family):
-    """``get_peft_model`` writes "all-linear" back as each adapted module's full name (on a
-    model with fewer than 20 of them; past that it shortens them); the config read after
-    the model was built is the same step."""
-    config, model = _two_layers(family) if family == "llama" else _model(family)
-    fresh = peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.1)
-    applied = peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.1)
-    real = peft.get_peft_model(model, applied)
-    assert any("." in name for name in applied.target_modules)  # PEFT's rewrite
-    spec = spec_from_config(config)
-    assert lora_setup(spec, lora=applied) == lora_setup(spec, lora=fresh)
-    trains = sum(p.numel() for p in real.parameters() if p.requires_grad)
-    assert lora_parameters(spec, lora_setup(spec, lora=applied)) == trains
-
-
-def test_full_names_tell_gpt2s_two_c_proj_apart():
-    config, _ = _two_layers("gpt2")
-    spec = spec_from_config(config)
-    names = [f"transformer.h.{k}.mlp.c_proj" for k in range(2)]
-    assert lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=names)).roles == {"down"}
-    names = [f"transformer.h.{k}.attn.c_proj" for k in range(2)]
-    assert lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=names)).roles == {"o"}
-
-
-def test_full_names_of_some_blocks_only_are_refused():
-    config, _ = _model("llama")
-    some = peft.LoraConfig(r=8, target_modules=["model.layers.0.self_attn.q_proj"])
-    with pytest.raises(ValueError, match=r"blocks \[0\] of 3 only"):
-        lora_setup(spec_from_config(config), lora=some)
-    every = [f"model.layers.{k}.self_attn.q_proj" for k in range(3)] + ["self_attn.v_proj"]
-    setup = lora_setup(spec_from_config(config), lora=peft.LoraConfig(r=8, target_modules=every))
-    assert setup.roles == {"q", "v"}
-
-
-def _phi3():
-    return transformers.Phi3Config(
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-        pad_token_id=0,
-    )
-
-
-@pytest.mark.parametrize(
-    "targets", ["all-linear", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], ["qkv_proj"]]
-)
-def test_phi3s_fused_projections_take_one_adapter_each(targets):
-    """Phi-3 (and Phi-4) fuse q/k/v and gate/up: one adapter, one dropped input, each.
-    Read as separate projections the estimate was +2.9% over the trace."""
-    config = _phi3()
-    config.use_cache = False
-    with torch.device("meta"):
-        base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-
-    def lora():
-        return peft.LoraConfig(r=16, lora_dropout=0.05, target_modules=targets)
-
-    model = peft.get_peft_model(base, lora())
-    model.train()
-    spec = spec_from_config(_phi3())
-    trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert lora_parameters(spec, lora_setup(spec, lora=lora())) == trains
-    ids = torch.zeros((2, 256), dtype=torch.long, device="meta")
-    traced = trace(
-        model,
-        {"input_ids": ids, "labels": ids},
-        device="cuda",
-        autocast_dtype=torch.bfloat16,
-        gpu="H200",
-    )
-    found = estimate(
-        _phi3(),
-        batch_size=2,
-        seq_len=256,
-        lora=lora(),
-        base_dtype="bf16",
-        precision="bf16-mixed",
-        device="cuda",
-    )
-    error = to_device(found, gpu="H200").total / traced.total - 1
-    assert abs(error) <= 0.015, f"{error:+.2%}"
-
-
-def test_phi3_has_no_separate_projections():
-    spec = spec_from_config(_phi3())
-    with pytest.raises(ValueError, match=r"'q_proj' matches no Linear.*qkv_proj"):
-        lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=["q_proj"]))
-
-
-def test_a_pattern_matching_nothing_names_a_module_of_the_model():
-    for config, example in [(_phi3(), "self_attn.qkv_proj"), (_model("gpt2")[0], "attn.c_attn")]:
-        spec = spec_from_config(config)
-        with pytest.raises(ValueError, match=rf"matches no Linear.*{example}"):
-            lora_setup(spec, lora=peft.LoraConfig(r=8, target_modules=r".*\.nothing"))
