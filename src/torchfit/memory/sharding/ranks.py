@@ -13,6 +13,7 @@ from torchfit._core.units import format_bytes
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding.strategies import (
     DEFAULT_BUCKET_BYTES,
+    SIZE_RULES,
     Strategy,
     check_count,
     check_world_size,
@@ -25,12 +26,7 @@ __all__ = ["shard_estimate"]
 @checks.arguments(
     world_size=checks.whole(at_least=1, fix="use world_size=1 for a single GPU"),
     gpus_per_node=checks.whole(at_least=1),
-    param_bytes=checks.number(above=0),
-    grad_bytes=checks.number(above=0),
-    root_bytes=checks.whole(at_least=0),
-    root_trainable_params=checks.whole(at_least=0),
-    root_head_params=checks.whole(at_least=0),
-    unit_bytes=checks.whole(at_least=0),
+    **SIZE_RULES,
 )
 def shard_estimate(
     estimate: MemoryEstimate,

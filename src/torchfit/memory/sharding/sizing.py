@@ -7,6 +7,7 @@ from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.sharding.ranks import shard_estimate
 from torchfit.memory.sharding.strategies import (
     DEFAULT_BUCKET_BYTES,
+    SIZE_RULES,
     Strategy,
     check_count,
     check_world_size,
@@ -72,12 +73,7 @@ def deepspeed_zero_bytes(
 
 @checks.arguments(
     gpu_memory_bytes=checks.whole(at_least=1),
-    param_bytes=checks.number(above=0),
-    grad_bytes=checks.number(above=0),
-    root_bytes=checks.whole(at_least=0),
-    root_trainable_params=checks.whole(at_least=0),
-    root_head_params=checks.whole(at_least=0),
-    unit_bytes=checks.whole(at_least=0),
+    **SIZE_RULES,
 )
 def min_gpus(
     estimate: MemoryEstimate,

@@ -38,7 +38,24 @@ import enum
 
 from torchfit._core import checks
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Strategy", "check_count", "check_world_size", "parse_strategy"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "SIZE_RULES",
+    "Strategy",
+    "check_count",
+    "check_world_size",
+    "parse_strategy",
+]
+
+#: The checks of the sizes `shard_estimate` and `min_gpus` both take.
+SIZE_RULES = {
+    "param_bytes": checks.number(above=0),
+    "grad_bytes": checks.number(above=0),
+    "root_bytes": checks.whole(at_least=0),
+    "root_trainable_params": checks.whole(at_least=0),
+    "root_head_params": checks.whole(at_least=0),
+    "unit_bytes": checks.whole(at_least=0),
+}
 
 #: DDP's default ``bucket_cap_mb=25`` (torch/nn/parallel/distributed.py,
 #: ``DistributedDataParallel.__init__``; ``kDefaultBucketBytesCap`` in c10d/reducer.hpp).
