@@ -21,6 +21,16 @@ Host time per kernel-launching ATen op, from PyTorch's issue tracker:
 
 A phase that mixes large and small kernels takes at least the larger of the two, so the
 floor is a lower bound where the two overlap imperfectly.
+
+**A step that waits for each kernel** overlaps nothing: bitsandbytes' optimizers update
+one parameter at a time from Python and call ``torch.cuda.synchronize()`` after each
+(``Optimizer8bit.step`` in ``bitsandbytes/optim/optimizer.py``, since 0.39.0 of May
+2023 and still in 0.50), so each parameter costs its host work, a launch, the wait and
+its kernel, one after the other. The host work is 25 µs: bitsandbytes 0.50.2's own step
+loop, ``update_step``, wrapper and custom-op dispatch, with a kernel body that stops
+before the foreign call, measured at 24.6 µs a parameter on a 2-core AMD EPYC under
+Python 3.11 (``benchmarks/bnb_optimizer_host.py``); the launch and the synchronize take
+the C++ rate each. Such kernels carry ``backend="synchronized"`` (`SYNCHRONIZED`).
 """
 
 from __future__ import annotations
@@ -29,7 +39,13 @@ from collections.abc import Iterable
 
 from torchfit.speed.ops import Op, Phase
 
-__all__ = ["HOST_OP_S", "host_seconds"]
+__all__ = [
+    "HOST_OP_S",
+    "SYNCHRONIZED",
+    "SYNCHRONIZED_STEP_S",
+    "host_seconds",
+    "serial_host_seconds",
+]
 
 #: Host seconds per kernel-launching op, by where it is issued from (module notes).
 HOST_OP_S = {
@@ -38,9 +54,19 @@ HOST_OP_S = {
     "cpp": 4.0e-6,
 }
 
+#: The backend of a kernel the host waits for before it issues the next (module notes).
+SYNCHRONIZED = "synchronized"
+
+#: Host seconds around each synchronized kernel: the library's Python, the launch and
+#: the synchronize (module notes).
+SYNCHRONIZED_STEP_S = 25e-6 + 2 * HOST_OP_S["cpp"]
+
 
 def host_seconds(ops: Iterable[Op], *, train: bool) -> dict[Phase, float]:
     """Host seconds spent dispatching each phase's kernels.
+
+    Synchronized kernels are left out: their host time does not overlap
+    (`serial_host_seconds`).
 
     Example:
         >>> from torchfit.speed.ops import OpKind
@@ -52,5 +78,23 @@ def host_seconds(ops: Iterable[Op], *, train: bool) -> dict[Phase, float]:
     per_op = {Phase.FORWARD: forward, Phase.BACKWARD: HOST_OP_S["cpp"]}
     totals = dict.fromkeys(Phase, 0.0)
     for op in ops:
-        totals[op.phase] += op.count * per_op.get(op.phase, HOST_OP_S["cpp"])
+        if op.backend != SYNCHRONIZED:
+            totals[op.phase] += op.count * per_op.get(op.phase, HOST_OP_S["cpp"])
+    return totals
+
+
+def serial_host_seconds(ops: Iterable[Op]) -> dict[Phase, float]:
+    """Host seconds around each phase's synchronized kernels, which nothing overlaps.
+
+    Example:
+        >>> from torchfit.speed.ops import OpKind
+        >>> update = Op("adamw_8bit", OpKind.MEMORY, Phase.OPTIMIZER, 0.0, 1e3, "fp32",
+        ...             backend=SYNCHRONIZED, count=300)
+        >>> round(serial_host_seconds([update])[Phase.OPTIMIZER] * 1e3, 2)  # ms
+        9.9
+    """
+    totals = dict.fromkeys(Phase, 0.0)
+    for op in ops:
+        if op.backend == SYNCHRONIZED:
+            totals[op.phase] += op.count * SYNCHRONIZED_STEP_S
     return totals

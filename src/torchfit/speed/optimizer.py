@@ -16,12 +16,14 @@ state it touches. The element counts per kernel below follow the implementations
 - SGD with momentum foreach (``_multi_tensor_sgd``): ``_foreach_mul_`` (buffer r+w),
   ``_foreach_add_`` (buffer r+w, grad r), ``_foreach_add_`` (param r+w, buffer r).
   Plain SGD: one ``_foreach_add_`` (param r+w, grad r).
-- bitsandbytes 8-bit AdamW (``optimizer_update_8bit_blockwise``): one kernel per
-  parameter reading parameter, gradient and two uint8 moments and writing parameter
-  and moments; tensors under 4096 elements keep 32-bit state (``min_8bit_size``).
-- Lion (bitsandbytes, one fp32 moment): one kernel per parameter, parameter r+w,
-  gradient r, moment r+w. Adafactor (``torch.optim.Adafactor``): parameter r+w,
-  gradient r twice (the square and the update), factored state negligible.
+- bitsandbytes' optimizers run one kernel per parameter, and the host waits for each
+  (``torch.cuda.synchronize()`` after every parameter: `torchfit.speed.dispatch`):
+  8-bit AdamW (``optimizer_update_8bit_blockwise``) reads parameter, gradient and two
+  uint8 moments and writes parameter and moments, tensors under 4096 elements keeping
+  32-bit state (``min_8bit_size``); paged 32-bit AdamW (``optimizer_update_32bit``) the
+  same with two fp32 moments; Lion (one fp32 moment) parameter r+w, gradient r, moment
+  r+w. Adafactor (``torch.optim.Adafactor``): parameter r+w, gradient r twice (the
+  square and the update), factored state negligible.
 
 Multi-tensor kernels launch once per 320 chunks of 65,536 elements, or per list of at
 most 36 tensors for four lists (``multi_tensor_apply.cuh``: ``depth_to_max_blocks`` and
@@ -33,8 +35,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torchfit._core.optimizers import AdamImplementation
+from torchfit._core.optimizers import BITSANDBYTES_OPTIMIZERS, AdamImplementation
 from torchfit._core.step import OptimizerName
+from torchfit.speed.dispatch import SYNCHRONIZED
 from torchfit.speed.ops import Op, OpKind, Phase
 
 __all__ = ["OPTIMIZER_IMPLEMENTATIONS", "implementation_of", "optimizer_ops"]
@@ -65,11 +68,9 @@ _PASSES: dict[OptimizerName, tuple[tuple[str, int, int, int], ...]] = {
         ("add_param", 2, 0, 1),
     ),
     OptimizerName.SGD: (("add_param", 2, 1, 0),),
-    OptimizerName.LION: (("lion", 2, 1, 2),),
     OptimizerName.ADAFACTOR: (("adafactor", 2, 2, 0),),
 }
 _PASSES[OptimizerName.ADAM] = _PASSES[OptimizerName.ADAMW][1:]
-_PASSES[OptimizerName.PAGED_ADAMW] = _PASSES[OptimizerName.ADAMW]
 _FUSED_ADAMW = (("fused_adamw", 2, 1, 4),)
 
 
@@ -134,12 +135,8 @@ def optimizer_ops(
     optimizer = optimizer.base
     total = int(sum(sizes))
     ops: list[Op] = []
-    if optimizer in {OptimizerName.ADAMW_8BIT, OptimizerName.PAGED_ADAMW_8BIT}:
-        for size in sizes:
-            state = 1 if size >= _MIN_8BIT_SIZE else 4
-            moved = float(size * (2 * param_bytes + param_bytes + 4 * state))
-            ops.append(Op("adamw_8bit", OpKind.MEMORY, Phase.OPTIMIZER, 0.0, moved, "fp32"))
-        return tuple(ops)
+    if optimizer in BITSANDBYTES_OPTIMIZERS:
+        return tuple(_bitsandbytes_ops(optimizer, sizes, param_bytes))
     fused = implementation == "fused" and optimizer in {OptimizerName.ADAMW, OptimizerName.ADAM}
     passes = _FUSED_ADAMW if fused else _PASSES[optimizer]
     for name, p, g, s in passes:
@@ -154,3 +151,18 @@ def optimizer_ops(
         moved = total * per_element / launches
         ops.append(Op(name, OpKind.MEMORY, Phase.OPTIMIZER, 0.0, moved, "fp32").times(launches))
     return tuple(ops)
+
+
+def _bitsandbytes_ops(optimizer: OptimizerName, sizes: Sequence[int], param_bytes: int) -> list[Op]:
+    """One synchronized kernel per parameter, its bytes those it streams (module notes)."""
+    eight_bit = optimizer in {OptimizerName.ADAMW_8BIT, OptimizerName.PAGED_ADAMW_8BIT}
+    moments = 1 if optimizer is OptimizerName.LION else 2
+    name = {OptimizerName.LION: "lion"}.get(optimizer, "adamw_8bit" if eight_bit else "adamw")
+    ops = []
+    for size in sizes:
+        state = 1 if eight_bit and size >= _MIN_8BIT_SIZE else 4
+        moved = float(size * (3 * param_bytes + 2 * moments * state))
+        ops.append(
+            Op(name, OpKind.MEMORY, Phase.OPTIMIZER, 0.0, moved, "fp32", backend=SYNCHRONIZED)
+        )
+    return ops

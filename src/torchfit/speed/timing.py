@@ -16,7 +16,7 @@ from torchfit.memory.step import Step
 from torchfit.memory.step.entry import card_step
 from torchfit.speed.build import build_step_model
 from torchfit.speed.cards import peaks
-from torchfit.speed.dispatch import host_seconds
+from torchfit.speed.dispatch import SYNCHRONIZED, host_seconds, serial_host_seconds
 from torchfit.speed.ops import OpKind, Phase
 from torchfit.speed.result import KindTime, StepTime
 from torchfit.speed.roofline import kernel_seconds, math_of
@@ -70,7 +70,8 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     """Time every kernel of ``work`` on ``card`` and sum (kernels run one after another).
 
     A phase whose kernels the host dispatches slower than the GPU runs them takes the
-    host's time (`torchfit.speed.dispatch`); the difference is a ``"host"`` row.
+    host's time, and a kernel the host waits for adds the host's work around it
+    (`torchfit.speed.dispatch`); what the GPU waits is a ``"host"`` row.
 
     Example:
         >>> from torchfit.speed.ops import Op
@@ -82,20 +83,26 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     ceilings = peaks(card)
     hopper = card.architecture == "Hopper"
     rows: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    overlapped = dict.fromkeys(Phase, 0.0)  # GPU seconds the host's launches can hide behind
     for op in work.ops:
         row = rows[(op.kind.value, op.phase.value)]
-        row[0] += kernel_seconds(op, ceilings, hopper=hopper) * op.count
+        seconds = kernel_seconds(op, ceilings, hopper=hopper) * op.count
+        row[0] += seconds
         row[1] += op.flops * op.count
         row[2] += op.bytes * op.count
         row[3] += op.count
+        overlapped[op.phase] += 0.0 if op.backend == SYNCHRONIZED else seconds
     breakdown = tuple(
         KindTime(kind, phase, s, f, b, int(n)) for (kind, phase), (s, f, b, n) in rows.items()
     )
     train = any(op.phase is Phase.BACKWARD for op in work.ops)
+    serial = serial_host_seconds(work.ops)
     for phase, host in host_seconds(work.ops, train=train).items():
-        gpu_s = sum(r.seconds for r in breakdown if r.phase == phase.value)
-        if host > gpu_s:  # the GPU waits for the host's launches
-            breakdown += (KindTime("host", phase.value, host - gpu_s, 0.0, 0.0, 0),)
+        # the GPU waits for the host's launches where they are slower, and for all of
+        # the host's work around a kernel the host waits for
+        waiting = max(0.0, host - overlapped[phase]) + serial[phase]
+        if waiting > 0:
+            breakdown += (KindTime("host", phase.value, waiting, 0.0, 0.0, 0),)
     compute_kinds = {kind.value for kind in _COMPUTE_KINDS}
     flops = {
         phase: sum(r.flops for r in breakdown if r.phase == phase.value and r.kind in compute_kinds)
