@@ -357,7 +357,7 @@ def setting(case: Case) -> tuple[Any, dict[str, Any]]:
         kwargs["seq_len"] = 1
     else:
         raise NotExpressible("sequence length not given")
-    _bitsandbytes(case, kwargs)
+    _versions(case, kwargs)
     if case.mode == "inference":
         kwargs["mode"] = "inference"
         kwargs.pop("mixed_precision", None)
@@ -371,11 +371,17 @@ def setting(case: Case) -> tuple[Any, dict[str, Any]]:
     return model, kwargs
 
 
-def _bitsandbytes(case: Case, kwargs: dict[str, Any]) -> None:
-    """The bitsandbytes version ``case`` names, for a quantized run (default: the installed)."""
+def _versions(case: Case, kwargs: dict[str, Any]) -> None:
+    """The bitsandbytes (for a quantized run) and torch versions ``case`` names.
+
+    Default: the installed ones. What autograd keeps changed between torch releases.
+    """
     bnb = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", case.cuda_torch or "")
     if kwargs.get("dtype") in {"nf4", "int8"} and bnb is not None:
         kwargs["bitsandbytes_version"] = bnb.group(1)
+    named = re.search(r"(?:PyTorch|torch) (\d+\.\d+\.\d+)", case.cuda_torch or "")
+    if named is not None:
+        kwargs["torch_version"] = named.group(1)
 
 
 #: The dtype of a traced run's model (Fabric's "bf16-true" converts the model and inputs).

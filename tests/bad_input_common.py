@@ -84,7 +84,8 @@ ESTIMATE = {
     "precision": NAME, "gradient_accumulation_steps": COUNT, "set_to_none": FLAG,
     "keep_output": FLAG, "optimizer_in_backward": FLAG, "loss_chunk_size": COUNT,
     "lora": FREE, "lora_rank": COUNT, "lora_targets": NAME, "lora_dropout": FRACTION,
-    "bitsandbytes_version": NAME, "double_quant": FLAG, "quantize_head": FLAG,
+    "bitsandbytes_version": NAME, "torch_version": NAME, "double_quant": FLAG,
+    "quantize_head": FLAG,
     "base_dtype": DTYPE, "max_new_tokens": COUNT,
 }  # fmt: skip
 SHARD = {

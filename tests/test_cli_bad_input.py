@@ -93,6 +93,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--optimizer-in-backward"): SWITCH, ("plan", "--cuda-version"): VERSION,
     ("plan", "--context"): SIZE, ("plan", "--lora-rank"): COUNT,
     ("plan", "--lora-targets"): NAMES, ("plan", "--bitsandbytes-version"): VERSION,
+    ("plan", "--torch-version"): VERSION,
     ("plan", "--no-double-quant"): SWITCH, ("plan", "--base-dtype"): NAME,
     ("plan", "--bnb-compute-dtype"): NAME,
     ("plan", "--quantize-head"): SWITCH, ("plan", "--loss-chunk"): COUNT,

@@ -39,6 +39,7 @@ _KINDS: dict[str, tuple[Any, str]] = {
     "fraction": (values.fraction, "P"),
     "attention": (values.attention, "KIND"),
     "bitsandbytes_version": (values.bitsandbytes_version, "X.Y.Z"),
+    "torch_version": (values.torch_version, "X.Y.Z"),
 }
 
 #: The `Step` fields ``torchfit plan`` has a flag for -> the flag.

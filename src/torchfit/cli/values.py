@@ -23,6 +23,7 @@ __all__ = [
     "amount",
     "attention",
     "bitsandbytes_version",
+    "context",
     "count",
     "cuda_version",
     "dtype",
@@ -42,9 +43,9 @@ __all__ = [
     "recipe_file",
     "shape",
     "size",
-    "context",
     "strategy",
     "text",
+    "torch_version",
     "whole",
 ]
 
@@ -177,6 +178,12 @@ def _bitsandbytes(text: str) -> object:
     return keeps_4bit_input(_text(text))
 
 
+def _torch(text: str) -> object:
+    from torchfit._core.torch_rules import mean_keeps_input  # noqa: PLC0415
+
+    return mean_keeps_input(_text(text))
+
+
 def _amount(text: str) -> float:
     """A positive count that may be written in scientific notation (``1e9`` tokens)."""
     try:
@@ -291,6 +298,7 @@ cuda_version = _reader("cuda_version", _cuda, keep=True)
 size = _reader("size", _size, keep=True)
 context = _reader("context", _context, keep=True)
 bitsandbytes_version = _reader("bitsandbytes_version", _bitsandbytes, keep=True)
+torch_version = _reader("torch_version", _torch, keep=True)
 gpu = _reader("gpu", _gpu, keep=True)
 machine = _reader("machine", _machine, keep=True)
 amount = _reader("amount", _amount, keep=False)

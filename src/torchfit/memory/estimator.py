@@ -29,6 +29,7 @@ import torch
 
 from torchfit._core import checks
 from torchfit._core.step import Loop
+from torchfit._core.torch_rules import autograd_of
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import has_closed_form, spec_from_config
 from torchfit.memory.analytic.quantized import check_quantize_head
@@ -95,7 +96,8 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
     step = given_step(step, keywords, where="estimate(model, step)", model=model)
     if step.precision == AUTO:
         step._precision()  # noqa: SLF001 - raises: estimate has no card to choose for
-    return _estimate(model, step)
+    with autograd_of(step.torch_version):  # a meta-device pass keeps what that torch keeps
+        return _estimate(model, step)
 
 
 def batch_predictor(
@@ -245,6 +247,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             loss_chunk=loss_chunk_size,
             lora=lora_of(spec, lora, lora_rank, lora_targets, lora_dropout, training=step.training),
             bitsandbytes_version=bitsandbytes_version,
+            torch_version=step.torch_version,
             double_quant=double_quant,
             quantize_head=quantize_head,
             base_dtype=_base_dtype(config, base_dtype, quantized=dtype.is_quantized),

@@ -10,6 +10,7 @@ from torchfit._bnb.config import read_bitsandbytes_config
 from torchfit._bnb.layout import keeps_4bit_input
 from torchfit._core import checks
 from torchfit._core.step import Loop, Mode, Numerics, TrainingPrecision, parse_mode
+from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.formulas import parse_attention
@@ -67,6 +68,7 @@ ESTIMATE_RULES: dict[str, checks.Rule] = {
     "lora_rank": checks.whole(at_least=1),
     "lora_dropout": checks.number(at_least=0, below=1),
     "bitsandbytes_version": checks.parsed(keeps_4bit_input),
+    "torch_version": checks.parsed(mean_keeps_input),
     "base_dtype": checks.parsed(parse_base_dtype, kinds=(str,)),
     "bnb_compute_dtype": checks.parsed(parse_dtype, kinds=(str,)),
 }

@@ -59,6 +59,8 @@ class BlockSettings:
     give their input's dtype back (bitsandbytes' ``Linear4bit.forward`` ends with
     ``.to(inp_dtype)``), so over an fp32 stream the MLP's intermediates are fp32 too.
     ``head_trains``: over a frozen base, the head trains anyway (a ``modules_to_save`` copy).
+    ``mean_keeps_input``: torch before 2.2, whose ``torch.mean`` keeps its input
+    (`torchfit._core.torch_rules`): each RMSNorm keeps its fp32 square too.
     """
 
     dtype: DType
@@ -72,6 +74,7 @@ class BlockSettings:
     fp32_stream: bool = False
     fp32_linear_outputs: bool = False
     head_trains: bool = False
+    mean_keeps_input: bool = False
 
     def keeps_input(self, *roles: str) -> bool:
         """Whether a Linear of these roles keeps its input for backward.
@@ -116,6 +119,15 @@ class BlockSettings:
             outputs = sum(shapes[role][1] for role in roles)
             terms.append(Term("DoRA: the base's and the adapter's outputs", 2 * outputs * e))
         return terms
+
+    def rms_norm(self, spec: TransformerSpec, width: int) -> float:
+        """The fp32 tensors a Llama RMSNorm over ``width`` keeps per token, ``rsqrt`` aside.
+
+        The fp32 copy of its input (kept by ``pow``); before torch 2.2 also the fp32
+        square ``mean`` reads (``mean_keeps_input``; OLMo's norm is ``F.layer_norm``).
+        """
+        square = self.mean_keeps_input and spec.model_type != "olmo"
+        return width * FP32 * (2 if square else 1)
 
     @property
     def residual(self) -> float:
@@ -187,7 +199,8 @@ def _qk_norm(spec: TransformerSpec, s: BlockSettings) -> float:
         return 0
     q, k = spec.num_heads * spec.head_dim, spec.kv_dim
     normalized = 0 if s.frozen_base else (q + k) * s.dtype.itemsize
-    return (q + k + spec.num_heads + spec.num_kv_heads) * FP32 + normalized
+    heads = spec.num_heads + spec.num_kv_heads
+    return s.rms_norm(spec, q + k) + heads * FP32 + normalized
 
 
 def _activation(spec: TransformerSpec, s: BlockSettings) -> float:
@@ -224,7 +237,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     if spec.family is Family.LLAMA:
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
         # (kept for the weight's gradient only)
-        rms = h * FP32 + FP32 + (0 if s.frozen_base else h * s.residual)
+        rms = s.rms_norm(spec, h) + FP32 + (0 if s.frozen_base else h * s.residual)
         # Phi-3 reads the normed input once for q/k/v and once for gate/up (fused Linears)
         fused = is_fused(spec)
         qkv, gate_up = (("qkv",), ("gate_up",)) if fused else (("q", "k", "v"), ("gate", "up"))
@@ -298,7 +311,7 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
         ]
     if spec.family is Family.LLAMA:
         return [
-            Term("final RMSNorm", h * FP32 + FP32 + head_input),
+            Term("final RMSNorm", s.rms_norm(spec, h) + FP32 + head_input),
             Term("lm_head input", head_input),
             logits,
             Term("labels", INT64),

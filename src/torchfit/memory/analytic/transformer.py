@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
+from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings
@@ -77,6 +78,7 @@ def estimate_transformer(
     loss_chunk: int | None = None,
     lora: LoraSetup | None = None,
     bitsandbytes_version: str | None = None,
+    torch_version: str | None = None,
     double_quant: bool = True,
     quantize_head: bool = False,
     base_dtype: DType | None = None,
@@ -182,6 +184,7 @@ def estimate_transformer(
         fp32_stream=autocast and not frozen_16bit and (prepared or not weights_format.is_quantized),
         fp32_linear_outputs=weights_format.is_quantized,
         head_trains=lora is not None and "head" in lora.saved,
+        mean_keeps_input=mean_keeps_input(torch_version),
     )
     notes += _settings_notes(settings, prepared=prepared, checkpointing=gradient_checkpointing)
     loading, dequantized, decoding = (0, 0, 0)

@@ -128,6 +128,12 @@ class Step:
         kind="bitsandbytes_version",
         help="the bitsandbytes of a 4-bit run (before 0.43.2 4-bit layers keep their input)",
     )
+    torch_version: str | None = step_field(
+        default=None,
+        flag="--torch-version",
+        kind="torch_version",
+        help="the run's torch (before 2.2 torch.mean keeps its input); default: the installed",
+    )
     kbit_prepare: bool | None = step_field(
         default=None,
         flag="--no-kbit-prepare",
@@ -396,8 +402,7 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python values (for JSON).
 
-        A ``peft.LoraConfig`` is given by the fields that decide memory, an optimizer
-        factory by its repr.
+        A ``peft.LoraConfig`` as the fields that decide memory, an optimizer factory as its repr.
 
         Example:
             >>> Step(batch_size=2, lora_targets=["q_proj"]).to_dict()["lora_targets"]
