@@ -16,7 +16,10 @@ What it writes in OUTDIR:
   checkpointing, LoRA, quantization) beside what was measured: the allocated and reserved
   peaks of a warm-up step and of the measured step (peaks reset between them), the bytes
   allocated before each, what the device has in use after (``mem_get_info``), and the
-  median of timed steps (warm-up first, each step synchronised, no memory history).
+  median of timed steps (warm-up first, each step synchronised, no memory history); for
+  the cases marked ``profile``, one more step under ``torch.profiler``: the GPU's busy
+  time (against the timed median: how long it waited for the host) and the heaviest
+  kernels by name with their summed times.
 - ``gpu_check.md``: the same as a Markdown table.
 - ``snapshots.tar.gz``: ``torch.cuda.memory._dump_snapshot()`` of each measured step (every
   allocation and free with its size, and the allocator's segments): open one at
@@ -180,6 +183,7 @@ class Case:
     qlora: bool = False  # nf4 + double quant, bf16 compute, prepare_model_for_kbit_training
     new_tokens: int = 0  # generate
     cap_gib: float | None = None  # capped: per-process limit for the allocator
+    profile: bool = False  # one more step under torch.profiler: GPU busy time, top kernels
 
 
 _ALL_LINEAR = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
@@ -215,6 +219,7 @@ CASES: list[Case] = [
         gradient_checkpointing=True,
         qlora=True,
         lora=_ALL_LINEAR,
+        profile=True,
     ),
     Case(
         "L1_llama1b_untied_lora16_bf16base_autocast_b4_s2048",
@@ -245,6 +250,7 @@ CASES: list[Case] = [
         512,
         task="mlm",
         autocast="fp16",
+        profile=True,
     ),
     Case(
         "T5_resnet101_fp32_sgdm_b64",
@@ -253,6 +259,7 @@ CASES: list[Case] = [
         64,
         task="vision",
         optimizer="sgd-momentum",
+        profile=True,
     ),
     Case(
         "T6_vitl16_bf16mixed_adamw_b32",
@@ -261,6 +268,7 @@ CASES: list[Case] = [
         32,
         task="vision",
         autocast="bf16",
+        profile=True,
     ),
     Case(
         "T7_qwen3_06b_bf16true_adamw8bit_b8_s2048",
@@ -270,6 +278,7 @@ CASES: list[Case] = [
         2048,
         weights="bf16",
         optimizer="adamw-8bit",
+        profile=True,
     ),
     Case("T8_gpt2_fp32_adamwloop_b8_s1024", "train", "gpt2", 8, 1024, optimizer="adamw-loop"),
     Case(
@@ -355,6 +364,7 @@ CASES: list[Case] = [
         gradient_checkpointing=True,
         qlora=True,
         lora=_ALL_LINEAR,
+        profile=True,
     ),
     Case("I1_qwen05b_forward_bf16_b4_s8192", "forward", "qwen2.5-0.5b", 4, 8192),
     Case(
@@ -573,6 +583,46 @@ def timed(run: Run, fn: Callable[[], None], steps: int = TIMED_STEPS) -> dict[st
     return {"step_times": times, "step_median_s": sorted(times)[len(times) // 2]}
 
 
+def profiled(run: Run, fn: Callable[[], None], top: int = 30) -> dict[str, Any]:
+    """One run of ``fn`` under torch.profiler: the GPU's busy time and its heaviest kernels.
+
+    ``gpu_busy_s`` is the union of the kernels' intervals: against the step's unprofiled
+    median it says how long the GPU waited (for the host's launches, Python, a sync). The
+    kernels are grouped by name with their summed time and count, so a prediction can be
+    checked kernel class by kernel class. The profiled step's own wall time is longer
+    than an unprofiled one (the profiler's host overhead).
+    """
+    from torch.autograd import DeviceType  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    activities = [ProfilerActivity.CPU] + ([] if run.dry else [ProfilerActivity.CUDA])
+    run.sync()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        fn()
+        run.sync()
+        wall = time.perf_counter() - start
+    device = DeviceType.CPU if run.dry else DeviceType.CUDA
+    kernels = [e for e in prof.events() if e.device_type == device and not e.cpu_children]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, reach = 0.0, float("-inf")
+    for begin, end in spans:  # the union of the intervals, in microseconds
+        busy += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        row = by_name.setdefault(e.name[:160], [0.0, 0])
+        row[0] += e.time_range.end - e.time_range.start
+        row[1] += 1
+    heaviest = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "profiled_wall_s": round(wall, 5),
+        "gpu_busy_s": round(busy / 1e6, 5),
+        "kernels": len(kernels),
+        "top": [{"name": n, "us": round(t, 1), "count": c} for n, (t, c) in heaviest],
+    }
+
+
 def train_model(run: Run, case: Case) -> tuple[Any, Any, dict[str, Any]]:
     """The case's model ready to train (checkpointing, LoRA, QLoRA applied), its config."""
     extra: dict[str, Any] = {}
@@ -620,6 +670,8 @@ def measure_train(run: Run, case: Case) -> dict[str, Any]:
     step2 = run.stats()
     used = run.used_on_device()
     times = timed(run, step)
+    if case.profile:
+        extra["profile"] = profiled(run, step)
     del model, opt, batch, scaler
     return {
         "before_step1": before1,

@@ -155,7 +155,27 @@ def h200_table() -> list[float]:
             f"modelled): median |error| {statistics.median(abs(e) for e in errors):.1%}, "
             f"worst {worst:+.1%}"
         )
+    profiled(cases())
     return errors
+
+
+def profiled(records: list[dict[str, Any]], top: int = 5) -> None:
+    """For each step the harness profiled: how long the GPU was busy, its heaviest kernels."""
+    found = [rec for rec in records if rec.get("profile")]
+    if not found:
+        return
+    print("\n| case | timed s | GPU busy s | busy share | heaviest kernels (ms, count) |")
+    print("|---|---|---|---|---|")
+    for rec in found:
+        prof = rec["profile"]
+        heaviest = "; ".join(
+            f"{k['name'][:60]} {k['us'] / 1e3:.2f} x{k['count']}" for k in prof["top"][:top]
+        )
+        share = prof["gpu_busy_s"] / rec["real_s"]
+        print(
+            f"| {rec['case']} | {rec['real_s']:.4f} | {prof['gpu_busy_s']:.4f} | {share:.0%} "
+            f"| {heaviest} |"
+        )
 
 
 def published_kwargs(run: dict[str, Any]) -> dict[str, Any]:
