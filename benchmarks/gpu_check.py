@@ -281,6 +281,15 @@ CASES: list[Case] = [
         profile=True,
     ),
     Case("T8_gpt2_fp32_adamwloop_b8_s1024", "train", "gpt2", 8, 1024, optimizer="adamw-loop"),
+    Case(  # run a's worst step time (timed 42-48 ms, 34 ms in another run): profiled
+        "T11_vitb16_bf16mixed_adamw_b64",
+        "train",
+        "torchvision/vit_b_16",
+        64,
+        task="vision",
+        autocast="bf16",
+        profile=True,
+    ),
     Case(
         "T9_llama1b_bf16true_fused_b4_s2048",
         "train",

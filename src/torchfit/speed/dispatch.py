@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from torchfit.speed.ops import Op, Phase
+from torchfit.speed.ops import Op, OpKind, Phase
 
 __all__ = [
     "HOST_OP_S",
@@ -66,7 +66,8 @@ def host_seconds(ops: Iterable[Op], *, train: bool) -> dict[Phase, float]:
     """Host seconds spent dispatching each phase's kernels.
 
     Synchronized kernels are left out: their host time does not overlap
-    (`serial_host_seconds`).
+    (`serial_host_seconds`). A ``PYTHON`` row (a layer's own Python, no kernel) adds
+    its ``host_s`` per call.
 
     Example:
         >>> from torchfit.speed.ops import OpKind
@@ -78,7 +79,9 @@ def host_seconds(ops: Iterable[Op], *, train: bool) -> dict[Phase, float]:
     per_op = {Phase.FORWARD: forward, Phase.BACKWARD: HOST_OP_S["cpp"]}
     totals = dict.fromkeys(Phase, 0.0)
     for op in ops:
-        if op.backend != SYNCHRONIZED:
+        if op.kind is OpKind.PYTHON:  # no kernel: the layer's own Python
+            totals[op.phase] += op.count * op.host_s
+        elif op.backend != SYNCHRONIZED:
             totals[op.phase] += op.count * per_op.get(op.phase, HOST_OP_S["cpp"])
     return totals
 

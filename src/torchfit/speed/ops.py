@@ -25,6 +25,7 @@ class OpKind(enum.StrEnum):
     ATTENTION = "attention"  # fused SDPA (flash / memory-efficient), forward and backward
     MEMORY = "memory"  # elementwise, norms, reductions, copies, casts, optimizer: bytes
     DEQUANT = "dequant"  # 4/8-bit weights expanded to 16 bits before each matmul
+    PYTHON = "python"  # no kernel: a layer's own Python on the host (`Op.host_s`)
 
 
 class Phase(enum.StrEnum):
@@ -54,6 +55,7 @@ class Op:
             a matmul: ``"unaligned"`` when its operands' row strides are not multiples
             of 16 bytes (`torchfit.speed.traffic.tma_aligned`), else ``""``.
         count: How many times the step runs it.
+        host_s: For a ``PYTHON`` row, the host seconds of one call.
     """
 
     name: str
@@ -65,6 +67,7 @@ class Op:
     shape: tuple[int, ...] = ()
     backend: str = ""
     count: int = 1
+    host_s: float = 0.0
 
     def times(self, count: int) -> Op:
         """The same kernel run ``count`` times as often."""
@@ -82,6 +85,7 @@ class Op:
             self.dtype,
             self.shape,
             self.backend,
+            self.host_s,
         )
 
 

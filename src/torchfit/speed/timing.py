@@ -85,6 +85,8 @@ def time_workload(work: Workload, card: GPU, *, compute: str, checkpointing: boo
     rows: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     overlapped = dict.fromkeys(Phase, 0.0)  # GPU seconds the host's launches can hide behind
     for op in work.ops:
+        if op.kind is OpKind.PYTHON:  # host time only (`host_seconds`)
+            continue
         row = rows[(op.kind.value, op.phase.value)]
         seconds = kernel_seconds(op, ceilings, hopper=hopper) * op.count
         row[0] += seconds

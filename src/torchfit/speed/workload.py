@@ -34,6 +34,7 @@ from torchfit.memory.tracing.session import copy_to_fake, new_fake_mode
 from torchfit.speed.build import Built
 from torchfit.speed.ops import Op, OpKind, Phase, merge
 from torchfit.speed.optimizer import implementation_of, optimizer_ops
+from torchfit.speed.python_cost import python_hooks
 from torchfit.speed.record import OpRecorder
 
 __all__ = ["Workload", "hold_quantized_in", "record_workload"]
@@ -255,6 +256,8 @@ def _run(
         handles = _dequant_hooks(module, recorder, weights, matmul, head=quantized_head)
     if matmul is not None:
         handles += _own_compute_hooks(module, matmul, head=quantized_head)
+    quantized = _quantized_linears(module, head=quantized_head) if weights.is_quantized else []
+    handles += python_hooks(module, recorder, quantized)
     try:
         with fake_mode, recorder:
             if new_tokens:
