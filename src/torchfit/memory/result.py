@@ -126,6 +126,19 @@ class MemoryEstimate:
         )
 
     @property
+    def in_optimizer_step(self) -> bool:
+        """The peak is in the optimizer step.
+
+        The closed forms and meta-device passes say ``"optimizer step"``, a trace
+        ``"optimizer [aten.op]"`` (the op running at its peak).
+
+        Example:
+            >>> MemoryEstimate(peak_at="optimizer [aten._foreach_sqrt]").in_optimizer_step
+            True
+        """
+        return self.peak_at == "optimizer step" or self.peak_at.startswith("optimizer [")
+
+    @property
     def total(self) -> int:
         """Predicted peak of allocated bytes: the sum of the seven categories."""
         return sum(getattr(self, name) for name in CATEGORIES)

@@ -247,7 +247,7 @@ def quantized_meta_pass(
     notes += _subclass_note(base, layers)
     found = found.replace(weights=held, notes=_restated(found.notes, trainable))
     copy = _head_copy(base, compute, prepared=prepared and mixed, quantized_head=head)
-    if copy and found.peak_at != "optimizer step":
+    if copy and not found.in_optimizer_step:
         found = found.replace(overhead=found.overhead + copy)
         notes.append(f"the fp32 head's {compute.value} autocast copy ({copy:,} bytes) kept")
     loading = 0
@@ -267,7 +267,7 @@ def quantized_meta_pass(
         )
         if not training:
             found = found.replace(activations=found.activations + copy)
-        elif found.peak_at != "optimizer step":
+        elif not found.in_optimizer_step:
             found = found.replace(workspace=found.workspace + copy)
     if weights is DType.INT8:
         notes.append(

@@ -157,7 +157,7 @@ def shard_estimate(
         ),
     )
     moments = [_shard_one(estimate, options)]
-    if kind is Strategy.ZERO3 and _at_step(estimate):
+    if kind is Strategy.ZERO3 and estimate.in_optimizer_step:
         # The end of backward: every gradient shard exists (activations are gone) while
         # the last units are still gathered and their gradients in flight. Under FSDP it
         # can outgrow the optimizer step, where nothing is gathered or in flight.
@@ -254,11 +254,6 @@ class _Options:
             )
 
 
-def _at_step(estimate: MemoryEstimate) -> bool:
-    """The peak is in the optimizer step (the analytic or a trace's ``"optimizer [op]"``)."""
-    return estimate.peak_at == "optimizer step" or estimate.peak_at.startswith("optimizer [")
-
-
 def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
     kind, world_size, params = o.kind, o.world_size, o.params
     bucket_bytes = o.bucket_bytes
@@ -268,7 +263,7 @@ def _shard_one(estimate: MemoryEstimate, o: _Options) -> MemoryEstimate:
     full_grads = math.ceil(params * grad_bytes)
     weights, gradients, optimizer = estimate.weights, estimate.gradients, estimate.optimizer
     workspace, overhead = estimate.workspace, estimate.overhead
-    at_step = _at_step(estimate)
+    at_step = estimate.in_optimizer_step
 
     if kind in {Strategy.DDP, Strategy.ZERO1}:
         # DDP's Reducer allocates one flat buffer per bucket at construction
