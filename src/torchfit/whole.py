@@ -150,12 +150,14 @@ def _time(model: Any, plan: Plan) -> StepTime:
         gathered = parse_dtype(settings.param_dtype).itemsize
     updated = timed.trainable * gathered  # ZeRO all-gathers the parameters it updated
     link = link_of(plan.gpu)
+    root, blocks = _fsdp_gathers(model, plan) if strategy == "fsdp" else (0.0, updated)
     collectives = comm_for(
         strategy,
         ranks=plan.num_gpus,
         link=link,
         grad_bytes=timed.trainable * stored,
-        param_bytes=_fsdp_gathers(model, plan) if strategy == "fsdp" else updated,
+        param_bytes=root + blocks,
+        resident_bytes=root,
     )
     return data_parallel_time(
         timed,
@@ -166,8 +168,8 @@ def _time(model: Any, plan: Plan) -> StepTime:
     )
 
 
-def _fsdp_gathers(model: Any, plan: Plan) -> float:
-    """Bytes FSDP gathers for one pass over the model: every unit as it is stored.
+def _fsdp_gathers(model: Any, plan: Plan) -> tuple[float, float]:
+    """Bytes FSDP gathers for one pass over the model, ``(root, blocks)``, each as stored.
 
     The root and each block as `torchfit.memory.plan.sharded.gathered_bytes` sizes them
     (a 4-bit block's packed codes, a prepared fp32 root, 16-bit ``param_dtype`` gathers).
@@ -177,7 +179,7 @@ def _fsdp_gathers(model: Any, plan: Plan) -> float:
         raise ValueError("strategy='fsdp' with time=True needs a transformers config")
     single = estimate(model, plan.step)
     root, unit = gathered_bytes(spec, plan.step, single.weights, plan.settings.param_dtype)
-    return float(root + spec.num_layers * unit)
+    return float(root), float(spec.num_layers * unit)
 
 
 def _host(

@@ -68,6 +68,17 @@ def test_each_strategy_sends_what_it_must_and_hides_what_it_can():
         comm_for("hsdp", ranks=4, link=link, **kw)
 
 
+def test_fsdp_gathers_the_root_unit_once():
+    link, kw = LINKS["pcie4"], {"grad_bytes": 4e9, "param_bytes": 2e9}
+    kept = comm_for("fsdp", ranks=4, link=link, resident_bytes=5e8, **kw)
+    assert kept.forward == collective_seconds("all_gather", 2e9, 4, link)
+    again = collective_seconds("all_gather", 1.5e9, 4, link)
+    assert kept.backward == again + collective_seconds("reduce_scatter", 4e9, 4, link)
+    assert kept.bytes == 2e9 + 1.5e9 + 4e9
+    with pytest.raises(ValueError, match=r"resident_bytes=3e\+09 is more than param_bytes"):
+        comm_for("fsdp", ranks=4, link=link, resident_bytes=3e9, **kw)
+
+
 def _timed(forward, backward):
     rows = (KindTime("matmul", "forward", forward, 1e12, 1e9, 10),
             KindTime("matmul", "backward", backward, 2e12, 2e9, 20))  # fmt: skip
@@ -159,7 +170,8 @@ def test_fsdp_over_a_4_bit_base_gathers_the_packed_codes():
     assert plan.time.gpus == 2 and any(
         "FSDP: parameters all-gathered" in n for n in plan.time.notes
     )
-    gathered = _fsdp_gathers("llama-3.2-1b", plan)
+    root, blocks = _fsdp_gathers("llama-3.2-1b", plan)
+    gathered = root + blocks
     single = estimate("llama-3.2-1b", plan.step)
     assert gathered == pytest.approx(single.weights, rel=0.01)  # the model as it is held
     # the 4-bit blocks and the fp32 embedding: well under the model in bf16

@@ -35,7 +35,10 @@ bridge reach 116 GB/s instead, nccl-tests issue 194).
   optimizer step, an all-gather of the updated parameters (exposed).
 - FSDP (ZeRO-3): per micro-batch, the parameters gathered for the forward and again for
   the backward, and the gradients reduce-scattered; each overlaps the compute of its
-  phase (FSDP prefetches the next unit), so a phase takes the longer of the two.
+  phase (FSDP prefetches the next unit), so a phase takes the longer of the two. The
+  root unit (embeddings, final norm, head with the usual wrap) is gathered once: its
+  ``reshard_after_forward`` is False (``fully_shard``'s docstring), so it stays gathered
+  through backward (``resident_bytes``).
 
 Not modelled: latency of small collectives, several nodes (HSDP, inter-node links),
 tensor and pipeline parallelism, and compression.
@@ -193,6 +196,7 @@ class CommPlan:
     ranks=checks.whole(at_least=1),
     grad_bytes=checks.number(at_least=0),
     param_bytes=checks.number(at_least=0),
+    resident_bytes=checks.number(at_least=0),
     bucket_bytes=checks.number(above=0),
 )
 def comm_for(
@@ -202,12 +206,15 @@ def comm_for(
     link: Link,
     grad_bytes: float,
     param_bytes: float,
+    resident_bytes: float = 0.0,
     bucket_bytes: float = DEFAULT_BUCKET_BYTES,
 ) -> CommPlan:
     """The collectives of one optimizer step under ``strategy`` (module notes).
 
     ``grad_bytes``: the trainable parameters' gradients; ``param_bytes``: the parameters
-    as they are gathered (FSDP: in ``param_dtype``; ZeRO: the trainable ones updated).
+    as they are gathered (FSDP: in ``param_dtype``; ZeRO: the trainable ones updated);
+    ``resident_bytes``: FSDP, those of them gathered once and kept through backward (the
+    root unit).
 
     Example:
         >>> plan = comm_for("ddp", ranks=8, link=LINKS["nvlink4"], grad_bytes=4e9,
@@ -234,12 +241,18 @@ def comm_for(
             sharded_optimizer=True,
         )  # fmt: skip
     if strategy == "fsdp":
-        gather = ring("all_gather", param_bytes)
+        if resident_bytes > param_bytes:
+            raise ValueError(
+                f"resident_bytes={resident_bytes:g} is more than param_bytes={param_bytes:g}: "
+                "the units kept gathered are part of those gathered; pass at most param_bytes"
+            )
+        again = param_bytes - resident_bytes  # the root stays gathered through backward
         return CommPlan(
-            gather, gather + ring("reduce_scatter", grad_bytes), 0.0,
-            2 * param_bytes + grad_bytes, per_micro_batch=True,
-            what="FSDP: parameters all-gathered for forward and again for backward, "
-            "gradients reduce-scattered, each micro-batch",
+            ring("all_gather", param_bytes),
+            ring("all_gather", again) + ring("reduce_scatter", grad_bytes), 0.0,
+            param_bytes + again + grad_bytes, per_micro_batch=True,
+            what="FSDP: parameters all-gathered for forward and again for backward (the "
+            "root unit once), gradients reduce-scattered, each micro-batch",
             sharded_optimizer=True,
         )  # fmt: skip
     raise ValueError(
