@@ -110,6 +110,23 @@ def test_plan_trace_follows_the_loop_and_precision_it_plans(capsys):
     assert "stepped per parameter in backward" in capsys.readouterr().out
 
 
+def test_plan_trace_keeps_what_the_runs_torch_keeps(tmp_path, capsys):
+    # before torch 2.2 every RMSNorm's square is kept too: the trace follows the flag
+    from tiny_configs import tiny_llama
+
+    tiny_llama().save_pretrained(tmp_path)
+    argv = ["plan", str(tmp_path), "--gpu", "RTX 3060", "--seq", "512", "--batch", "4"]
+    totals = []
+    for version in ("2.13.0", "2.1.0"):
+        assert main([*argv, "--trace", "--json", "--torch-version", version]) == 0
+        found = json.loads(capsys.readouterr().out)
+        totals.append((found["traced"]["total"], found["estimate"]["total"]))
+    (new_traced, new_closed), (old_traced, old_closed) = totals
+    squares = 4 * 512 * (2 * 2 + 1) * 128 * 4  # tokens x (2 norms x 2 layers + final) x fp32
+    assert old_traced - new_traced == squares
+    assert old_closed - new_closed == squares
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [(["--lora-rank", "8"], "--lora-rank"), (["--loss-chunk", "16"], "--loss-chunk")],

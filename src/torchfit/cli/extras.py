@@ -53,6 +53,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
     """Trace the planned step of the model built on the meta device."""
     import torch  # noqa: PLC0415
 
+    from torchfit._core.torch_rules import autograd_of  # noqa: PLC0415
     from torchfit.memory.catalog import build_model  # noqa: PLC0415
     from torchfit.memory.catalog.build import (  # noqa: PLC0415
         checkpointing_on,
@@ -105,7 +106,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
         if train
         else {}
     )
-    with transformers_without_data():
+    with transformers_without_data(), autograd_of(step.torch_version):
         return trace(
             model,
             inputs,
