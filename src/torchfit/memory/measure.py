@@ -37,6 +37,7 @@ from torchfit._core.step import (
     run_step,
 )
 from torchfit._core.tensors import reachable_tensors
+from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import format_bytes
 from torchfit.memory.step.run import run_keywords
 
@@ -355,6 +356,13 @@ def measure_step(
         where = "measure_step(model, inputs, step=)"
         run = run_keywords(step, model, example_inputs, loop_keywords, where=where)
         _check_step_device(model, run["device"], where=where)
+        if mean_keeps_input(step.torch_version) != mean_keeps_input():
+            raise ValueError(
+                f"{where} runs your step under the installed torch {torch.__version__}, whose "
+                f"autograd keeps other tensors than Step(torch_version="
+                f"{step.torch_version!r})'s: run it under that torch, or plan it with "
+                "torchfit.estimate or torchfit.memory.trace, which follow the version"
+            )
         return measure_step(model, example_inputs, loss_fn=loss_fn, **run)
     step_mode = parse_mode(mode)
     cast, autocast_dtype = precision_dtypes(precision, autocast_dtype)

@@ -9,6 +9,7 @@ from torchfit._core.torch_rules import autograd_of, mean_keeps_input, torch_vers
 transformers = pytest.importorskip("transformers")
 
 from tiny_configs import LLAMA_LIKE, traced_and_closed  # noqa: E402
+from torchfit.memory import trace  # noqa: E402
 
 BATCH, SEQ = 2, 128
 
@@ -69,10 +70,17 @@ def test_step_checks_the_version_where_it_is_made():
     assert Step(torch_version="2.1.0").torch_version == "2.1.0"
 
 
-def test_a_run_of_the_real_model_leaves_the_torch_to_the_installed_one():
+def test_a_real_run_refuses_another_torch_s_rules_and_a_trace_follows_them():
     from torchfit.memory import measure_step
 
-    with pytest.raises(ValueError, match=r"Step\(torch_version='2.1.0'\).*run it under that torch"):
-        measure_step(
-            torch.nn.Linear(4, 2), torch.zeros(2, 4), step=Step(batch_size=2, torch_version="2.1.0")
-        )
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+        k: v for k, v in LLAMA_LIKE.items() if "token" not in k}))  # fmt: skip
+    ids = torch.randint(1, LLAMA_LIKE["vocab_size"], (2, 256))
+    inputs = {"input_ids": ids, "labels": ids}
+    old = Step(batch_size=2, torch_version="2.1.0", device="cpu", optimizer="sgd")
+    with pytest.raises(ValueError, match=r"installed torch .*Step\(torch_version='2.1.0'\)"):
+        measure_step(model, inputs, step=old)
+    assert measure_step(model, inputs, step=old.replace(torch_version="2.13.0")).peak > 0
+    new = old.replace(torch_version=None)
+    kept = trace(model, inputs, step=old).total - trace(model, inputs, step=new).total
+    assert kept > 0  # the RMSNorms' squares

@@ -45,7 +45,6 @@ _MODEL_FIELDS = {
     "quantize_head": "load the model quantized",
     "double_quant": "load the model quantized",
     "bitsandbytes_version": "load the model quantized",
-    "torch_version": "run it under that torch",
     "attn_implementation": "load the model with attn_implementation=...",
     "loss_chunk_size": "compute the loss in chunks in loss_fn",
     "max_new_tokens": "trace your generate loop with trace_step",

@@ -41,6 +41,7 @@ from torchfit._core.step import (
     run_step,
 )
 from torchfit._core.tensors import check_materialized
+from torchfit._core.torch_rules import autograd_of
 from torchfit.memory.outline import RecordedStep
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
@@ -348,7 +349,8 @@ def trace(
         if device != "cpu":
             loop["device"] = device
         run = run_keywords(step, model, example_inputs, loop, where="trace(model, inputs, step=)")
-        return trace(model, example_inputs, loss_fn=loss_fn, progress=progress, gpu=gpu, **run)
+        with autograd_of(step.torch_version):  # what that torch's autograd keeps
+            return trace(model, example_inputs, loss_fn=loss_fn, progress=progress, gpu=gpu, **run)
     result = trace_events(
         model,
         example_inputs,
