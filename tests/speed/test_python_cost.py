@@ -88,5 +88,8 @@ def test_a_small_qlora_step_waits_for_the_host_and_a_large_one_does_not():
     assert small.phase_seconds("forward") >= linears * forward
     assert small.phase_seconds("backward") >= linears * backward
     assert {r.phase for r in small.breakdown if r.kind == "host"} >= {"forward", "backward"}
+    assert small.host_share > 0.5 and "host-bound: the GPU waits" in str(small)
     large = step_time(config, "H200", batch_size=64, seq_len=2048, **qlora)
     assert not [r for r in large.breakdown if r.kind == "host" and r.phase != "optimizer"]
+    assert large.host_share < 0.01 and "host-bound" not in str(large)
+    assert large.to_dict()["host_share"] == large.host_share

@@ -46,6 +46,10 @@ def _check_price(price_per_hour: float) -> float:
     return float(price_per_hour)
 
 
+#: The share of a step the GPU waits for the host from which the table says so.
+HOST_BOUND = 0.1
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """The predicted time of one optimizer step (or one inference call) on one card.
@@ -102,6 +106,15 @@ class StepTime:
         """Model FLOPs utilization: model FLOPs per second over the card's dense peak."""
         return self.model_flops / self.seconds / self.peak_flops
 
+    @property
+    def host_share(self) -> float:
+        """Share of the step the GPU waits for the host: the ``host`` rows of the breakdown.
+
+        The host's kernel launches, a library's own Python, an optimizer that synchronizes
+        after each parameter (`torchfit.speed.dispatch`).
+        """
+        return sum(row.seconds for row in self.breakdown if row.kind == "host") / self.seconds
+
     def hours(
         self,
         *,
@@ -154,7 +167,12 @@ class StepTime:
         data = dataclasses.asdict(self)
         data["breakdown"] = [dataclasses.asdict(row) for row in self.breakdown]
         data["notes"] = list(self.notes)
-        data.update(samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s, mfu=self.mfu)
+        data.update(
+            samples_per_s=self.samples_per_s,
+            tokens_per_s=self.tokens_per_s,
+            mfu=self.mfu,
+            host_share=self.host_share,
+        )
         return data
 
     def __repr__(self) -> str:
@@ -181,8 +199,14 @@ class StepTime:
         lines = [
             f"{self.model} on {self.gpu}: {self.seconds * 1e3:,.1f} ms per step",
             f"  {rate}, MFU {self.mfu:.0%}",
-            "  kernels    phase            ms  share    TFLOP       GB      n",
         ]
+        if self.host_share >= HOST_BOUND:
+            lines.append(
+                f"  host-bound: the GPU waits {self.host_share:.0%} of the step for the host "
+                "(launches, Python); more work per launch (a larger batch) hides it, fewer "
+                "launches (torch.compile, CUDA graphs) shorten it"
+            )
+        lines.append("  kernels    phase            ms  share    TFLOP       GB      n")
         lines.extend(
             f"  {row.kind:<10} {row.phase:<9} {row.seconds * 1e3:9.2f} "
             f"{row.seconds / self.seconds:6.1%} {row.flops / 1e12:8.2f} "
