@@ -358,10 +358,9 @@ def measure_step(
         _check_step_device(model, run["device"], where=where)
         if mean_keeps_input(step.torch_version) != mean_keeps_input():
             raise ValueError(
-                f"{where} runs your step under the installed torch {torch.__version__}, whose "
-                f"autograd keeps other tensors than Step(torch_version="
-                f"{step.torch_version!r})'s: run it under that torch, or plan it with "
-                "torchfit.estimate or torchfit.memory.trace, which follow the version"
+                f"{where} runs under the installed torch {torch.__version__}, whose autograd "
+                f"keeps other tensors than Step(torch_version={step.torch_version!r})'s: run "
+                "it under that torch, or use torchfit.estimate or memory.trace, which follow it"
             )
         return measure_step(model, example_inputs, loss_fn=loss_fn, **run)
     step_mode = parse_mode(mode)
