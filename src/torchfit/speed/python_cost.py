@@ -18,7 +18,7 @@ marshalling), less its ATen ops at the time one op takes there, and less a plain
 not count). torch 2.13, PEFT 0.21.2, bitsandbytes 0.50.2, Python 3.11, a 2-core AMD EPYC:
 a 4-bit Linear 90 µs forward and 41 µs backward, a LoRA layer 39 and 0 over a 16-bit base
 and 71 and 22 over a 4-bit one (beyond the base's). A QLoRA Linear's host time is then
-about 0.4 ms a step, 0.6 ms with checkpointing's second forward: next to the GPU's
+about 0.45 ms a step with its ops, 0.7 ms with checkpointing's second forward: next to the GPU's
 time for the same layer only at a few hundred tokens per step.
 """
 
