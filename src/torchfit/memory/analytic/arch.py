@@ -20,6 +20,10 @@ __all__ = ["Family", "MoESpec", "TransformerSpec", "spec_from_config", "has_clos
 #: Model types whose attention RMS-normalizes each query and key head (weights of head_dim).
 QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
 
+#: Llama-family model types whose norms are weightless layer norms (``F.layer_norm``), not
+#: RMSNorms: OLMo's ``OlmoLayerNorm``.
+LAYER_NORM_TYPES = frozenset({"olmo"})
+
 
 class Family(enum.StrEnum):
     """Block layouts with their own activation formulas."""
@@ -119,6 +123,11 @@ class TransformerSpec:
     def qk_norm(self) -> bool:
         """Each query and key head is RMS-normalized before RoPE (Qwen3's ``q_norm``/``k_norm``)."""
         return self.model_type in QK_NORM_TYPES
+
+    @property
+    def rms_norm(self) -> bool:
+        """The block and final norms are RMSNorms (``x.pow(2).mean(-1)``), not layer norms."""
+        return self.model_type not in LAYER_NORM_TYPES
 
     @property
     def autocast_params(self) -> int:
@@ -241,7 +250,7 @@ def _describe_llama(config: Any, model_type: str) -> TransformerSpec:
     attn_bias = (q_out + 2 * kv_out if qkv_bias else 0) + (h if o_bias else 0)
     mlp = 3 * h * inner + (2 * inner + h if mlp_bias else 0)
     # OLMo's LayerNorms have no weights; Qwen3 normalizes each query and key head (RMSNorm)
-    norm = 0 if model_type == "olmo" else h
+    norm = 0 if model_type in LAYER_NORM_TYPES else h
     qk_norm = 2 * head_dim if model_type in QK_NORM_TYPES else 0
     per_layer = attn + attn_bias + mlp + 2 * norm + qk_norm
     tied = bool(_get(config, "tie_word_embeddings", default=False))

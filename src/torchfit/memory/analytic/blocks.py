@@ -124,9 +124,9 @@ class BlockSettings:
         """The fp32 tensors a Llama RMSNorm over ``width`` keeps per token, ``rsqrt`` aside.
 
         The fp32 copy of its input (kept by ``pow``); before torch 2.2 also the fp32
-        square ``mean`` reads (``mean_keeps_input``; OLMo's norm is ``F.layer_norm``).
+        square ``mean`` reads (``mean_keeps_input``; a layer norm has no ``mean``).
         """
-        square = self.mean_keeps_input and spec.model_type != "olmo"
+        square = self.mean_keeps_input and spec.rms_norm
         return width * FP32 * (2 if square else 1)
 
     @property
