@@ -56,6 +56,10 @@ class StepOutline:
         block_grads: Transient gradients alive together in one block's backward.
         layer_gradients: One block's weight gradients.
         head_gradients: Weight gradients made by the head's backward.
+        tied_gradient: Where the head shares the input embedding's weight (the last of
+            ``head_gradients``): the embedding's backward makes that gradient once more
+            at the end of backward and autograd adds the two, so the sum and its two
+            addends are alive together (0: not tied, or the embedding is frozen).
         embedding_gradients: Weight gradients made at the end of backward.
         states: Optimizer state tensors, in the order the first step creates them.
         step_temporaries: The optimizer step's temporaries, alive together.
@@ -96,6 +100,7 @@ class StepOutline:
     block_grads: tuple[int, ...] = ()
     layer_gradients: tuple[int, ...] = ()
     head_gradients: tuple[int, ...] = ()
+    tied_gradient: int = 0
     embedding_gradients: tuple[int, ...] = ()
     states: tuple[int, ...] = ()
     step_temporaries: tuple[int, ...] = ()

@@ -222,6 +222,11 @@ def _backward(w: _Writer, o: StepOutline) -> None:
         _block_backward(w, o, layer)
     for j, nbytes in enumerate(o.embedding_gradients):
         w.alloc(("grad", "embedding", j), nbytes)
+    if o.tied_gradient:  # the embedding's own gradient, then the sum replacing the head's
+        w.alloc(("grad", "tied", "embedding"), o.tied_gradient)
+        w.alloc(("grad", "tied"), o.tied_gradient)
+        w.free(("grad", "head", len(o.head_gradients) - 1), o.tied_gradient)
+        w.free(("grad", "tied", "embedding"), o.tied_gradient)
     w.free(("dh", -1), o.residual)
     for j, nbytes in enumerate(n for n, lives in o.embedding_forward if lives == SAVED):
         w.free(("embedding", j), nbytes)
@@ -235,12 +240,15 @@ def _block_backward(w: _Writer, o: StepOutline, layer: int) -> None:
             w.alloc(("saved", layer, j), nbytes)
     for j, nbytes in enumerate(o.block_grads):
         w.alloc(("dtmp", layer, j), nbytes)
-    for j, nbytes in enumerate(o.layer_gradients):
-        w.alloc(("grad", layer, j), nbytes)
+    grads = list(reversed(list(enumerate(o.layer_gradients))))
+    kept = list(reversed(list(enumerate(saved))))
+    for k in range(max(len(grads), len(kept))):
+        if k < len(grads):
+            w.alloc(("grad", layer, grads[k][0]), grads[k][1])
+        if k < len(kept):
+            w.free(("saved", layer, kept[k][0]), kept[k][1])
     for j, nbytes in enumerate(o.block_grads):
         w.free(("dtmp", layer, j), nbytes)
-    for j, nbytes in reversed(list(enumerate(saved))):
-        w.free(("saved", layer, j), nbytes)
     w.alloc(("dh", layer - 1), o.residual)
     w.free(("dh", layer), o.residual)
     if o.checkpointing:  # the checkpoint's input, released with its saved tensors
@@ -256,8 +264,11 @@ def _optimizer(w: _Writer, o: StepOutline, *, first: bool) -> None:
         w.alloc(("step", j), nbytes)
     for j, nbytes in enumerate(o.step_temporaries):
         w.free(("step", j), nbytes)
+    w.free(("grad", "tied"), o.tied_gradient)  # the embedding's: set to None first
+    tied = len(o.head_gradients) - 1 if o.tied_gradient else -1
     for j, nbytes in enumerate(o.head_gradients):
-        w.free(("grad", "head", j), nbytes)
+        if j != tied:
+            w.free(("grad", "head", j), nbytes)
     for layer in range(o.num_layers):
         for j, nbytes in enumerate(o.layer_gradients):
             w.free(("grad", layer, j), nbytes)

@@ -226,7 +226,10 @@ def training_outline(
         full=full,
         adapters_per_layer=2 * (len(settings.lora.roles) if settings.lora else 7),
     )
-    trained = [*head_g, *layer_g * spec.num_layers, *embed_g]
+    # the optimizer's lists follow model.parameters(): the embeddings (a tied head's weight
+    # is the embedding's), the blocks, then the final norm and an untied head
+    tied = head_g[-1:] if full and spec.tied_embeddings else ()
+    trained = [*embed_g, *tied, *layer_g * spec.num_layers, *head_g[: len(head_g) - len(tied)]]
     per_tensor = round(optimizer / gradients) if gradients else 0
     states = (
         tuple(
@@ -256,6 +259,7 @@ def training_outline(
         block_grads=(*split(block_grads, [1] * width), *((dequantized,) if dequantized else ())),
         layer_gradients=layer_g,
         head_gradients=head_g,
+        tied_gradient=head_g[-1] if full and spec.tied_embeddings and head_g else 0,
         embedding_gradients=embed_g,
         states=states,
         step_temporaries=split(step_temporaries, trained) if trained else (),

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from torchfit._core import checks
+from torchfit._core.bisection import last_true
 from torchfit._core.units import format_bytes, parse_bytes
 from torchfit.memory.allocator.context import cuda_context_bytes
 from torchfit.memory.batch.fit import Line, evaluate, solve_callable
@@ -53,6 +54,15 @@ __all__ = [
 # OOMs after tuning without one (Lightning #8028, #9625).
 _FRACTION_CARD = 0.07
 _FRACTION_SIMULATED = 0.02
+# Share of a budget kept free above the allocator's OOM line (`MemoryEstimate.device_needed`)
+# as well. The line of a closed form's replayed step schedule follows the allocated peak
+# when the allocator reuses the step's logits-sized segments, but can be off by a whole
+# segment where a few small blocks land in one (a CPU comparison with the traced step's
+# own events: benchmarks/reserved_grid.py): the 7% on the allocated peak covers the
+# under-estimates, this check the steps whose replay already says they do not fit (a BERT
+# MLM fp16 step under a 10 GiB cap: allocated 9.17 GiB, 91.7%, but an OOM line of 10.63 GiB;
+# it ran out of memory on the H200).
+_FRACTION_OOM_LINE = 0.02
 
 
 class BudgetKind(enum.StrEnum):
@@ -83,6 +93,11 @@ class Margin:
 
     fraction: float = _FRACTION_CARD
     reserve: int = 0
+
+    @property
+    def oom_line_fraction(self) -> float:
+        """Share kept free above an estimate's OOM line: 2%, or ``fraction`` if smaller."""
+        return min(self.fraction, _FRACTION_OOM_LINE)
 
     def __post_init__(self) -> None:
         """Refuse a fraction outside [0, 1) and a negative reserve."""
@@ -240,7 +255,10 @@ def max_batch_size(
             context is held back), or a `SimulatedGPU`.
         margin: A fraction of the budget to keep free, a `Margin`, or ``None`` for the
             default: 7% (2% on a simulated card), and for a `GPU` budget its CUDA
-            context (the estimate's own ``context``, else `cuda_context_bytes`).
+            context (the estimate's own ``context``, else `cuda_context_bytes`). The
+            margin applies to the allocated peak (``total``); a callable's estimates must
+            also keep their OOM line (``device_needed``) 2% under the budget (or the
+            margin, if smaller).
         batch_sizes: Allowed sizes (e.g. multiples of 8); the answer is the largest of
             them that fits. Any positive integer when ``None``.
 
@@ -269,8 +287,25 @@ def max_batch_size(
         predict = functools.cache(predict)  # a traced step costs about a second a size
         if found.kind is BudgetKind.GPU:
             context = evaluate(predict, 1).context
-    usable = resolve_margin(margin, found.kind, context, found.card).usable(found.bytes)
-    return solve_predictor(predict, usable, batch_sizes=batch_sizes)[0]
+    kept = resolve_margin(margin, found.kind, context, found.card)
+    best = solve_predictor(predict, kept.usable(found.bytes), batch_sizes=batch_sizes)[0]
+    if isinstance(predict, AffineEstimate) or best == 0:
+        return best
+    # the allocator's OOM line (what the replayed step must reserve) must fit too; a card's
+    # total holds the CUDA context as well, allocatable bytes do not. It grows with the
+    # batch, so the largest size under it is bisected below `best`
+    line = math.floor(found.bytes * (1 - kept.oom_line_fraction))
+    allowed = sorted({b for b in batch_sizes or () if b <= best}) or list(range(1, best + 1))
+
+    def under_line(index: int) -> bool:
+        found_at = evaluate(predict, allowed[index])
+        context = 0 if found.kind is BudgetKind.GPU else found_at.context
+        return found_at.device_needed - context <= line
+
+    if under_line(len(allowed) - 1):
+        return best
+    index = last_true(under_line, -1, len(allowed) - 1)
+    return allowed[index] if index >= 0 else 0
 
 
 def describe_budget(budget_bytes: int, margin: Margin) -> str:
