@@ -49,6 +49,10 @@ class StepOutline:
         checkpointing: Gradient checkpointing: forward keeps each block's input only,
             backward recomputes one block at a time.
         head_saved: What the final norm and head save before the logits.
+        block_copies: Autocast's 16-bit copies of one block's weights, made in its
+            forward. Autocast's cache holds them until the forward ends; autograd saves
+            them until the block's backward, or, under checkpointing, only its recompute's.
+        head_copy: Autocast's 16-bit copy of the head's weight, saved until its backward.
         logits: The head's output in the compute dtype.
         loss: The loss's forward tensors in order; the last is saved for backward.
         loss_grads: The gradients the loss's backward holds together (then the
@@ -94,6 +98,8 @@ class StepOutline:
     block_transient: tuple[Transient, ...] = ()
     checkpointing: bool = False
     head_saved: tuple[int, ...] = ()
+    block_copies: tuple[int, ...] = ()
+    head_copy: int = 0
     logits: int = 0
     loss: tuple[int, ...] = ()
     loss_grads: tuple[int, ...] = ()

@@ -319,7 +319,7 @@ def test_fsdp_under_autocast_is_advised_bf16_gathers_with_the_copies_it_saves():
 def test_the_verdict_decides_on_the_oom_line_not_on_what_the_allocator_would_cache():
     # Unbounded, the allocator would cache more than this 12 GiB card has; bounded, it
     # frees its cache and retries before it raises, so the step runs down to the OOM line.
-    plan = plan_card("Qwen/Qwen2.5-0.5B", "RTX 3060", seq_len=1024)
+    plan = plan_card("Qwen/Qwen2.5-0.5B", "RTX 3060", seq_len=1152)
     e = plan.estimate
     assert e.oom_line is not None
     assert e.device_needed == max(e.oom_line, e.total) + e.context < e.device_total

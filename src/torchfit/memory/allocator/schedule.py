@@ -141,18 +141,30 @@ def _forward(w: _Writer, o: StepOutline) -> None:
             for k, nbytes in enumerate(o.kv_cache):
                 w.alloc(("kv", layer, k), nbytes)
         elif o.checkpointing:
+            _copies(w, o, layer)
             _no_grad_block(w, o, layer)
         elif o.block_forward:  # the block's scratch is freed once its output exists
+            _copies(w, o, layer)
             block = _named(o.block_forward, ("saved", layer), ("scratch", layer))
             _run(w, [*block, (("h", layer), o.residual, SAVED)])
             w.free(("h", layer - 1), o.residual)
             continue
         else:
+            _copies(w, o, layer)
             for j, nbytes in enumerate(o.block_saved):
                 w.alloc(("saved", layer, j), nbytes)
         w.alloc(("h", layer), o.residual)
         if not o.training or not o.checkpointing:
             w.free(("h", layer - 1), o.residual)  # kept only as a checkpoint's input
+
+
+def _copies(w: _Writer, o: StepOutline, layer: int, *, free: bool = False) -> None:
+    """Allocate (or free) one block's autocast weight copies."""
+    for j, nbytes in enumerate(o.block_copies):
+        if free:
+            w.free(("copy", layer, j), nbytes)
+        else:
+            w.alloc(("copy", layer, j), nbytes)
 
 
 def _head(w: _Writer, o: StepOutline) -> None:
@@ -161,10 +173,14 @@ def _head(w: _Writer, o: StepOutline) -> None:
     if not o.head_forward:
         head = [(("head", j), nbytes, SAVED) for j, nbytes in enumerate(o.head_saved)]
     loss = [(("loss", j), nbytes, SAVED) for j, nbytes in enumerate(o.loss)]
+    w.alloc(("copy", "head"), o.head_copy)
     _run(w, [*head, (("logits",), o.logits, SAVED), *loss])
     for j, nbytes in list(enumerate(o.loss))[: len(o.loss) - o.loss_saved]:
         w.free(("loss", j), nbytes)
     w.free(("logits",), o.logits)
+    if o.checkpointing:  # autocast's cache goes at its exit; nothing saved the blocks' copies
+        for layer in range(o.num_layers):
+            _copies(w, o, layer, free=True)
 
 
 def _loss_chain(w: _Writer, o: StepOutline) -> tuple[tuple[object, ...], int]:
@@ -209,6 +225,7 @@ def _loss_backward(w: _Writer, o: StepOutline) -> None:
         w.alloc(("grad", "head", j), nbytes)
     w.alloc(("dh", o.num_layers - 1), o.residual)
     w.free(*last)
+    w.free(("copy", "head"), o.head_copy)
 
 
 def _backward(w: _Writer, o: StepOutline) -> None:
@@ -236,6 +253,7 @@ def _block_backward(w: _Writer, o: StepOutline, layer: int) -> None:
     """One block's backward (recomputed first under checkpointing)."""
     saved = o.saved_by_block
     if o.checkpointing:
+        _copies(w, o, layer)
         for j, nbytes in enumerate(saved):
             w.alloc(("saved", layer, j), nbytes)
     for j, nbytes in enumerate(o.block_grads):
@@ -249,6 +267,7 @@ def _block_backward(w: _Writer, o: StepOutline, layer: int) -> None:
             w.free(("saved", layer, kept[k][0]), kept[k][1])
     for j, nbytes in enumerate(o.block_grads):
         w.free(("dtmp", layer, j), nbytes)
+    _copies(w, o, layer, free=True)
     w.alloc(("dh", layer - 1), o.residual)
     w.free(("dh", layer), o.residual)
     if o.checkpointing:  # the checkpoint's input, released with its saved tensors

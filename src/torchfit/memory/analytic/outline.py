@@ -170,6 +170,26 @@ def inference_block(
     return (*attention, *mlp)
 
 
+def _block_slice(spec: TransformerSpec) -> tuple[int, int]:
+    """Where the first block's tensors start in `parameter_shapes`, and how many a block has."""
+    lead = 1 if spec.family is Family.LLAMA else 2  # the embeddings
+    tail = 1 if spec.tied_embeddings else 2  # the final norm, and an untied head
+    return lead, (len(parameter_shapes(spec)) - lead - tail) // spec.num_layers
+
+
+def _block_copies(
+    spec: TransformerSpec, nbytes: int, *, full: bool, adapters_per_layer: int
+) -> tuple[int, ...]:
+    """One block's autocast weight copies (``nbytes``), one per matrix it casts."""
+    if nbytes <= 0:
+        return ()
+    if not full:  # the adapters' A and B matrices
+        return split(nbytes, [1] * max(adapters_per_layer, 1))
+    lead, per = _block_slice(spec)
+    shapes = parameter_shapes(spec)[lead : lead + per]
+    return split(nbytes, [math.prod(shape) for shape in shapes if len(shape) >= 2])
+
+
 def _gradient_groups(
     spec: TransformerSpec, gradients: int, *, full: bool, adapters_per_layer: int
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -179,10 +199,8 @@ def _gradient_groups(
     if not full:  # adapters on the blocks: small tensors, spread over the layers
         per_layer = gradients // max(spec.num_layers, 1)
         return (), split(per_layer, [1] * max(adapters_per_layer, 1)), ()
-    elements = _elements(spec)
-    pieces = split(gradients, elements)
-    lead = 1 if spec.family is Family.LLAMA else 2
-    per = (len(pieces) - lead - (1 if spec.tied_embeddings else 2)) // spec.num_layers
+    pieces = split(gradients, _elements(spec))
+    lead, per = _block_slice(spec)
     block = pieces[lead : lead + per]
     tail = pieces[lead + per * spec.num_layers :]
     if spec.tied_embeddings:  # the head's gradient is the embedding's, made by the head
@@ -206,8 +224,12 @@ def training_outline(
     dequantized: int,
     checkpointing: bool,
     full: bool,
+    copies: tuple[int, int] = (0, 0),
 ) -> StepOutline:
-    """The `StepOutline` of a training step from the closed form's terms (bytes)."""
+    """The `StepOutline` of a training step from the closed form's terms (bytes).
+
+    ``copies``: autocast's weight copies, all of them and the head's.
+    """
     e, v = settings.dtype.itemsize, spec.vocab * tokens
     logits = math.ceil(v * e)
     losses = [t for t in head if t.name.startswith("log-softmax")]
@@ -220,11 +242,16 @@ def training_outline(
         for t in head
         if t is not loss_term and t.name != "labels" and t.per_token > 0
     )
+    adapters_per_layer = 2 * (len(settings.lora.roles) if settings.lora else 7)
     head_g, layer_g, embed_g = _gradient_groups(
+        spec, gradients, full=full, adapters_per_layer=adapters_per_layer
+    )
+    all_copies, head_copy = copies
+    block_copies = _block_copies(
         spec,
-        gradients,
+        (all_copies - head_copy) // max(spec.num_layers, 1),
         full=full,
-        adapters_per_layer=2 * (len(settings.lora.roles) if settings.lora else 7),
+        adapters_per_layer=adapters_per_layer,
     )
     # the optimizer's lists follow model.parameters(): the embeddings (a tied head's weight
     # is the embedding's), the blocks, then the final norm and an untied head
@@ -253,6 +280,8 @@ def training_outline(
         block_transient=no_grad_block(spec, settings, tokens, core),
         checkpointing=checkpointing,
         head_saved=head_saved,
+        block_copies=block_copies,
+        head_copy=head_copy,
         logits=logits,
         loss=tuple(n for n in loss if n),
         loss_grads=split(loss_grads, [1, 1]),

@@ -1,17 +1,19 @@
-"""The training peak of a transformer's closed form: the start of backward or the optimizer step.
-
-The peak of a training step is the larger of two moments (the tests check both):
+"""The training peak of a transformer's closed form: the highest of a step's moments.
 
 * the start of backward: weights, optimizer state, every saved activation, and the
   loss's two logits-sized fp32 gradients; or, when it is higher, the top block's
   backward (with gradient checkpointing: the recomputed block, once the loss's
   gradients are gone);
+* with gradient checkpointing, the end of the forward: the blocks' inputs, the loss's
+  logits and, under autocast, every weight's 16-bit copy (autocast's cache);
+* the end of backward: every gradient but the first block's and the embeddings', with
+  the first block's saved tensors (recomputed under checkpointing);
 * the optimizer step: weights, optimizer state, all gradients, and the optimizer's
   temporaries (`adam_step_temporaries`: by default ``foreach`` lists on CUDA, one tensor
   at a time on CPU; none for ``fused=True``).
 
-Between the two, activations are freed as gradients appear, so the line between them
-holds no higher point.
+Between them, activations are freed as gradients appear, so the lines between them hold
+no higher point.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torchfit.memory.analytic.blocks import (
     mlp_backward_width,
 )
 from torchfit.memory.analytic.encoder_outline import bert_training_outline
-from torchfit.memory.analytic.formulas import INT64
+from torchfit.memory.analytic.formulas import FP32, INT64
 from torchfit.memory.analytic.model_states import ModelStates
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
@@ -73,6 +75,45 @@ def _mlp_backward_width(spec: TransformerSpec) -> float:
 # --- end of the MoE hook (inference: analytic/inference.py) -------------------------------
 
 
+def _copies_at_backward(copies: int, head: int, *, layers: int, recomputing: bool) -> int:
+    """Autocast's weight copies alive at the start of backward (``layers=0``: no checkpoints).
+
+    Autocast caches the 16-bit copy of each fp32 leaf weight that requires grad until the
+    outermost ``autocast`` exits (``cached_cast`` in aten/src/ATen/autocast_mode.cpp), so
+    every copy is alive at the end of the forward. After that, a copy lives as long as
+    autograd saved it: all of them without checkpointing; with it, the head's, plus one
+    block's while backward recomputes that block under autocast again (measured with the
+    CUDA-target trace: a Llama-3.2-1B fp32 step under bf16 autocast and checkpointing holds
+    the tied head's copy at the start of backward, not the blocks').
+    """
+    if not layers:
+        return copies
+    return head + ((copies - head) // layers if recomputing else 0)
+
+
+def _block_gradients(spec: TransformerSpec, gradients: int, trainable: int) -> int:
+    """The gradients not made yet when the first block's backward starts.
+
+    Its own weights' (or adapters', over a frozen base) and the embeddings'; a tied
+    embedding's gradient is already there, made by the head.
+    """
+    if trainable != spec.num_params:
+        return gradients // max(spec.num_layers, 1)
+    block = (spec.num_params - spec.embedding_params - spec.head_params) / spec.num_layers
+    tied = spec.vocab * spec.hidden if spec.tied_embeddings else 0
+    return math.floor(gradients * (block + spec.embedding_params - tied) / spec.num_params)
+
+
+def _loss_forward(spec: TransformerSpec, settings: BlockSettings) -> float:
+    """Per token: the logits, and their fp32 upcast, alive while the log-softmax is made.
+
+    The causal-LM loss upcasts 16-bit logits (`loss_bytes`); both are freed before backward.
+    """
+    v, e = spec.vocab, settings.dtype.itemsize
+    upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < FP32
+    return v * e + (v * FP32 if upcast else 0)
+
+
 def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
     """``start``, noting when a chunked loss's own moment (`chunked_loss_peak`) set it."""
     if chunked and chunked == start:
@@ -98,11 +139,13 @@ def training_peak(
     loss_chunk: int | None,
     dequantized: int = 0,
     head_itemsize: float = 0.0,
+    head_copies: int = 0,
 ) -> MemoryEstimate:
     """The larger of the start of backward and the optimizer step (module docstring).
 
     ``head_itemsize``: bytes per element of a trained head copy's gradient over a frozen
-    base (0: the master weights' dtype).
+    base (0: the master weights' dtype). ``head_copies``: the head's share of
+    ``states.autocast_copies`` (its ``F.linear`` runs outside every checkpoint).
     """
     compute, device, opt = settings.dtype, settings.device, optimizer
     tokens = batch_size * seq_len
@@ -168,15 +211,35 @@ def training_peak(
     if in_backward:
         backward_start = max(backward_start, activations + step_temp)
     # Autocast's 16-bit weight copies are saved for backward: alive at its start, gone by
-    # the optimizer step.
-    start = backward_start + kept_grads + states.autocast_copies
-    if in_backward or start >= states.gradients + step_temp:
-        peak_at = "start of backward"
-        act, grads, workspace = saved, kept_grads, backward_start - saved
-        copies = states.autocast_copies
-    else:
-        peak_at = "optimizer step"
-        act, grads, workspace, copies = 0, states.gradients, step_temp, 0
+    # the optimizer step. Under checkpointing only the head's is saved (and, in the top
+    # block's recompute, that block's); all of them are alive at the end of the forward.
+    copies = _copies_at_backward(
+        states.autocast_copies,
+        head_copies,
+        layers=spec.num_layers if gradient_checkpointing else 0,
+        recomputing=saved == recomputed,
+    )
+    start = backward_start + kept_grads + copies
+    logits = math.ceil(_loss_forward(spec, settings) * tokens) if loss_chunk is None else 0
+    moments = [(start, "start of backward", saved, kept_grads, backward_start - saved, copies)]
+    if gradient_checkpointing:
+        forward_end = activations + kept_grads + states.autocast_copies + logits
+        label = "end of forward (the loss, autocast's cache)"
+        all_copies = states.autocast_copies
+        moments.append((forward_end, label, activations, kept_grads, logits, all_copies))
+    if not in_backward:
+        # the first block's backward: every gradient but its own, its saved tensors (under
+        # checkpointing: recomputed from its kept input) and its weights' copies
+        first = per_block + (recomputed - per_block) // max(spec.num_layers, 1)
+        grads_then = states.gradients - _block_gradients(spec, states.gradients, trainable)
+        block_copy = (states.autocast_copies - head_copies) // max(spec.num_layers, 1)
+        workspace = mlp_grads + dequantized
+        end, label = grads_then + first + workspace + block_copy, "end of backward (first block)"
+        moments.append((end, label, first, grads_then, workspace, block_copy))
+        moments.append(
+            (states.gradients + step_temp, "optimizer step", 0, states.gradients, step_temp, 0)
+        )
+    _, peak_at, act, grads, workspace, copies = max(moments, key=lambda m: m[0])
     return MemoryEstimate(
         weights=weights,
         gradients=grads,
@@ -210,6 +273,7 @@ def training_peak(
             dequantized=dequantized,
             checkpointing=gradient_checkpointing,
             full=trainable == spec.num_params,
+            copies=(states.autocast_copies, head_copies),
         ),
     )
 
@@ -231,6 +295,7 @@ def _outline(
     dequantized: int,
     checkpointing: bool,
     full: bool,
+    copies: tuple[int, int],
 ) -> StepOutline | None:
     """The step's `StepOutline`: a decoder's, or a fully trained BERT's (`encoder_outline`)."""
     if spec.family is Family.BERT:
@@ -261,6 +326,7 @@ def _outline(
         dequantized=dequantized,
         checkpointing=checkpointing,
         full=full,
+        copies=copies,
     )
 
 

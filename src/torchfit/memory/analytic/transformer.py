@@ -11,6 +11,7 @@ largest transient of one block.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_optimizer
 from torchfit._core.torch_rules import mean_keeps_input
@@ -21,7 +22,7 @@ from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.kbit import kbit_head_params
 from torchfit.memory.analytic.lora import LoraSetup, lora_parameters, saved_parameters
-from torchfit.memory.analytic.model_states import model_state_bytes
+from torchfit.memory.analytic.model_states import ModelStates, model_state_bytes
 from torchfit.memory.analytic.quantized import (
     bitsandbytes_transients,
     quantized_shapes,
@@ -240,8 +241,34 @@ def estimate_transformer(
         dequantized=dequantized
         + (dora_recompute_bytes(spec, lora, compute) if gradient_checkpointing and lora else 0),
         head_itemsize=held.itemsize if copies else 0.0,
+        head_copies=_head_copies(
+            spec,
+            states,
+            compute,
+            quantized=weights_format.is_quantized,
+            kbit_head=kbit_head_params(spec, prepared=prepared, quantized_head=quantize_head),
+            frozen_16bit=frozen_16bit,
+        ),
     )
     return with_loading(found, loading)
+
+
+def _head_copies(
+    spec: TransformerSpec,
+    states: ModelStates,
+    compute: DType,
+    *,
+    quantized: bool,
+    kbit_head: int,
+    frozen_16bit: bool,
+) -> int:
+    """The head's share of autocast's weight copies: its fp32 weight cast for ``F.linear``.
+
+    A 4/8-bit base casts a prepared fp32 head only (`kbit_head_params`); a 16-bit frozen
+    base casts no head; otherwise the head (tied or not) is an fp32 ``nn.Linear``.
+    """
+    params = kbit_head if quantized else 0 if frozen_16bit else spec.vocab * spec.hidden
+    return min(states.autocast_copies, math.ceil(params * compute.itemsize))
 
 
 def _settings_notes(settings: BlockSettings, *, prepared: bool, checkpointing: bool) -> list[str]:
