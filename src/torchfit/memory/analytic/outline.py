@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings, Term
-from torchfit.memory.analytic.formulas import INT64
+from torchfit.memory.analytic.formulas import INT64, AttentionImpl
+from torchfit.memory.analytic.gpt2_outline import gpt2_no_grad_block
 from torchfit.memory.analytic.states import parameter_shapes
 from torchfit.memory.outline import SAVED, StepOutline, Transient
 
@@ -72,6 +73,8 @@ def no_grad_block(
     through its activation, the activation and up through their product; a GELU MLP is a
     chain where each intermediate lives through the next.
     """
+    if spec.family is Family.GPT2 and settings.attention is not AttentionImpl.EAGER:
+        return gpt2_no_grad_block(spec, settings, tokens, core)
     e, r, m = settings.dtype.itemsize, settings.residual, settings.mlp_itemsize
     h, i, kv = spec.hidden * tokens, spec.intermediate * tokens, spec.kv_dim * tokens
     # RMSNorm in fp32: the upcast input (none over an fp32 stream) and its normalized copy

@@ -1,0 +1,53 @@
+"""GPT-2's checkpointed blocks in the step schedule, against the CUDA-target trace."""
+
+import pytest
+import torch
+import transformers
+
+from torchfit.memory import estimate, trace
+from torchfit.memory.allocator import to_device
+from torchfit.memory.analytic.gpt2_outline import lifetimes
+
+
+def test_lifetimes_count_the_allocations_before_each_free():
+    steps = [("a", 4), ("b", 8), "a", ("c", 2), ("d", 1), "c", "b"]
+    assert lifetimes(steps) == ((4, 1), (8, 2), (2, 1), (1, 1))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [(torch.float32, "32-true"), (torch.bfloat16, "bf16-true"), (torch.float32, "bf16-mixed")],
+)
+def test_checkpointed_gpt2_reserves_what_its_traced_step_reserves(dtype, precision):
+    # A checkpointed block frees its intermediates as it goes; what the allocator keeps
+    # cached is decided by their sizes: the fused c_attn output, gelu_new's chain (fp32
+    # under autocast), the input casts. With a generic block the closed form was 3.3% and
+    # 3.4% under the trace's reserved bytes here (fp32, and under autocast), 1.6% to 4.5%
+    # on the 12-layer GPT-2 (124M). Below 6 layers both are one logits-sized segment over.
+    config = transformers.GPT2Config(n_layer=6, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).to(dtype)
+        ids = torch.zeros(4, 1024, dtype=torch.long)
+    model.gradient_checkpointing_enable()
+    model.train()
+    step = {"precision": precision, "device": "cuda", "optimizer": "adamw"}
+    traced = trace(model, {"input_ids": ids, "labels": ids}, gpu="H200", **step)
+    found = estimate(config, batch_size=4, seq_len=1024, gradient_checkpointing=True, **step)
+    predicted = to_device(found, gpu="H200", context_bytes=traced.context)
+    error = predicted.reserved / traced.reserved - 1
+    assert abs(error) <= 0.015, f"{error:+.1%}"
+
+
+def test_a_gpt2_inference_forward_reserves_what_its_trace_reserves():
+    # the same block in an inference forward: the generic one was 9.6% under here
+    config = transformers.GPT2Config()
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
+        ids = torch.zeros(8, 1024, dtype=torch.long)
+    model.eval()
+    step = {"precision": "bf16-true", "device": "cuda"}
+    traced = trace(model, {"input_ids": ids}, mode="inference", gpu="H200", **step)
+    found = estimate(config, batch_size=8, seq_len=1024, mode="inference", **step)
+    predicted = to_device(found, gpu="H200", context_bytes=traced.context)
+    error = predicted.reserved / traced.reserved - 1
+    assert abs(error) <= 0.015, f"{error:+.1%}"
