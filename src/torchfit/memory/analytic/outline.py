@@ -18,7 +18,7 @@ from torchfit.memory.analytic.gpt2_outline import gpt2_no_grad_block
 from torchfit.memory.analytic.states import parameter_shapes
 from torchfit.memory.outline import SAVED, StepOutline, Transient
 
-__all__ = ["forward_outline", "inference_block", "no_grad_block", "split", "training_outline"]
+__all__ = ["forward_block", "forward_outline", "no_grad_block", "split", "training_outline"]
 
 _MLP_TENSORS = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
 
@@ -66,43 +66,28 @@ def _saved_tensors(spec: TransformerSpec, terms: Sequence[Term], tokens: int) ->
 def no_grad_block(
     spec: TransformerSpec, settings: BlockSettings, tokens: int, core: int
 ) -> tuple[Transient, ...]:
-    """One block run without autograd: each intermediate with its lifetime.
+    """A GPT-2 or BERT-style block run without autograd: each intermediate with its lifetime.
 
-    Attention: the normed input lives through q, k and v; q through k, v and attention;
-    ``core`` is the attention's output (eager: its scores). MLP (SwiGLU): gate lives
-    through its activation, the activation and up through their product; a GELU MLP is a
-    chain where each intermediate lives through the next.
+    GPT-2 with SDPA follows its real forward (`gpt2_no_grad_block`). Otherwise (eager
+    attention): the normed input lives through q, k and v; q through k, v and attention;
+    ``core`` is the attention's output (eager: its scores); the MLP is a chain where each
+    intermediate lives through the next. Llama-style blocks: `forward_block`.
     """
     if spec.family is Family.GPT2 and settings.attention is not AttentionImpl.EAGER:
         return gpt2_no_grad_block(spec, settings, tokens, core)
     e, r, m = settings.dtype.itemsize, settings.residual, settings.mlp_itemsize
     h, i, kv = spec.hidden * tokens, spec.intermediate * tokens, spec.kv_dim * tokens
-    # RMSNorm in fp32: the upcast input (none over an fp32 stream) and its normalized copy
-    norm: list[Transient] = [(math.ceil(h * 4), 1)] * (1 if r < 4 else 0) + [(h * 4, 1)]
-    if spec.family is not Family.LLAMA:
-        norm = []
     attention: list[Transient] = [
-        *norm,
         (math.ceil(h * r), 3),  # normed input
         (math.ceil(h * e), 3),  # q
         (math.ceil(kv * e), 2),  # k
         (math.ceil(kv * e), 1),  # v
         (core, 1),  # attention output
         (math.ceil(h * e), 1),  # o_proj output
-        *norm,
         (math.ceil(h * r), 3),  # normed input of the MLP
     ]
-    if spec.family is Family.LLAMA:
-        mlp: list[Transient] = [
-            (math.ceil(i * m), 1),  # gate
-            (math.ceil(i * m), 2),  # act(gate)
-            (math.ceil(i * m), 1),  # up
-            (math.ceil(i * m), 1),  # product
-            (math.ceil(h * e), 0),  # down
-        ]
-    else:
-        chain = _MLP_TENSORS.get(spec.activation, 1)
-        mlp = [(math.ceil(i * m), 1) for _ in range(chain + 1)] + [(math.ceil(h * e), 0)]
+    chain = _MLP_TENSORS.get(spec.activation, 1)
+    mlp = [(math.ceil(i * m), 1) for _ in range(chain + 1)] + [(math.ceil(h * e), 0)]
     return (*attention, *mlp)
 
 
@@ -129,17 +114,22 @@ def _rope(nbytes: int, then: int) -> list[Transient]:
     return [(nbytes, 4), (nbytes // 2, 1), (nbytes, 1), (nbytes, 1), (nbytes, then)]
 
 
-def inference_block(
+def forward_block(
     spec: TransformerSpec, settings: BlockSettings, tokens: int, core: int, *, cache: bool
 ) -> tuple[Transient, ...]:
-    """One Llama-style block of an inference forward, as a real one allocates it.
+    """One Llama-style block run without autograd, as a real forward allocates it.
 
-    Unlike `no_grad_block` (a checkpointed forward's estimate), it follows the sequence an
-    H200 memory snapshot of a Qwen2 forward (transformers 5.17, SDPA, ``use_cache``) shows:
+    An inference forward's block, and a checkpointed training block's forward (``cache``
+    off). Unlike `no_grad_block` (a generic estimate), it follows the sequence an H200
+    memory snapshot of a Qwen2 forward (transformers 5.17, SDPA, ``use_cache``) shows:
     each RMSNorm's fp32 temporaries (`_rms_norm`), Q, K and V, the rotary embedding's
     temporaries for Q then K (`_rope`), with a cache the keys' and values' copies the
     ``DynamicCache`` concatenates (kept: `SAVED`), the attention output, ``o_proj``'s, the
-    residual sum the MLP half reads, then the MLP. Families other than Llama: `no_grad_block`.
+    residual sum the MLP half reads, then the MLP, whose normed input lives until
+    ``down_proj`` has run. Against the CUDA-target trace it gives reserved within 0.1% on
+    Llama-3.2-1B forwards (the MLP input freed before ``down_proj``: -3.7%) and within 1.6%
+    on checkpointed Llama and Qwen2 steps (with `no_grad_block`: up to +18%). Families
+    other than Llama: `no_grad_block`.
     """
     if spec.family is not Family.LLAMA:
         return no_grad_block(spec, settings, tokens, core)
@@ -150,7 +140,7 @@ def inference_block(
     rope = 10 + len(kept)  # Q's and K's rotary temporaries, and the cache's copies
     mlp: list[Transient] = [
         *_rms_norm(spec, settings, tokens),
-        (math.ceil(h * r), 3),  # normed input of the MLP
+        (math.ceil(h * r), 5),  # normed input of the MLP: until down_proj ran
         (math.ceil(i * m), 1),  # gate
         (math.ceil(i * m), 2),  # act(gate)
         (math.ceil(i * m), 1),  # up
@@ -280,7 +270,7 @@ def training_outline(
         num_layers=spec.num_layers,
         residual=math.ceil(tokens * spec.hidden * settings.residual),
         block_saved=_saved_tensors(spec, block, tokens),
-        block_transient=no_grad_block(spec, settings, tokens, core),
+        block_transient=forward_block(spec, settings, tokens, core, cache=False),
         checkpointing=checkpointing,
         head_saved=head_saved,
         block_copies=block_copies,
@@ -317,7 +307,7 @@ def forward_outline(
         inputs=(tokens * INT64,),
         num_layers=spec.num_layers,
         residual=math.ceil(tokens * spec.hidden * e),
-        block_transient=inference_block(spec, settings, tokens, core, cache=kv_cache > 0),
+        block_transient=forward_block(spec, settings, tokens, core, cache=kv_cache > 0),
         logits=math.ceil(tokens * spec.vocab * e),
         kv_cache=() if in_block else split(per_layer, [1, 1]),
     )
