@@ -91,6 +91,33 @@ def _copies_at_backward(copies: int, head: int, *, layers: int, recomputing: boo
     return head + ((copies - head) // layers if recomputing else 0)
 
 
+def _end_of_backward(
+    spec: TransformerSpec,
+    settings: BlockSettings,
+    states: ModelStates,
+    *,
+    tokens: int,
+    per_block: int,
+    workspace: int,
+    trainable: int,
+    head_copies: int,
+    checkpointing: bool,
+) -> tuple[int, str, int, int, int, int]:
+    """The first block's backward, a moment of the step (`training_peak`).
+
+    Every gradient but its own is there, with its saved tensors (under checkpointing:
+    recomputed from its kept input) and its weights' autocast copies. Returns the moment
+    as ``training_peak`` compares them: (bytes above weights and state, label,
+    activations, gradients, workspace, copies).
+    """
+    kept_input = math.ceil(tokens * spec.hidden * settings.residual) if checkpointing else 0
+    first = per_block + kept_input
+    grads = states.gradients - _block_gradients(spec, states.gradients, trainable)
+    copies = (states.autocast_copies - head_copies) // max(spec.num_layers, 1)
+    total = grads + first + workspace + copies
+    return total, "end of backward (first block)", first, grads, workspace, copies
+
+
 def _block_gradients(spec: TransformerSpec, gradients: int, trainable: int) -> int:
     """The gradients not made yet when the first block's backward starts.
 
@@ -228,14 +255,19 @@ def training_peak(
         all_copies = states.autocast_copies
         moments.append((forward_end, label, activations, kept_grads, logits, all_copies))
     if not in_backward:
-        # the first block's backward: every gradient but its own, its saved tensors (under
-        # checkpointing: recomputed from its kept input) and its weights' copies
-        first = per_block + (recomputed - per_block) // max(spec.num_layers, 1)
-        grads_then = states.gradients - _block_gradients(spec, states.gradients, trainable)
-        block_copy = (states.autocast_copies - head_copies) // max(spec.num_layers, 1)
-        workspace = mlp_grads + dequantized
-        end, label = grads_then + first + workspace + block_copy, "end of backward (first block)"
-        moments.append((end, label, first, grads_then, workspace, block_copy))
+        moments.append(
+            _end_of_backward(
+                spec,
+                settings,
+                states,
+                tokens=tokens,
+                per_block=per_block,
+                workspace=mlp_grads + dequantized,
+                trainable=trainable,
+                head_copies=head_copies,
+                checkpointing=gradient_checkpointing,
+            )
+        )
         moments.append(
             (states.gradients + step_temp, "optimizer step", 0, states.gradients, step_temp, 0)
         )
