@@ -16,7 +16,10 @@ to allocated then has its real causes:
   intermediates as it goes: the blocks they leave are cached, and they are free at the
   peak (the loss, or the logits) but still reserved;
 * under gradient checkpointing backward recomputes one block at a time into blocks cut
-  to the previous block's sizes.
+  to the previous block's sizes;
+* under autocast over fp32 weights each block's 16-bit weight copies are made in its
+  forward and, checkpointed, freed when the forward ends (autocast's cache) and made
+  again by its recompute.
 
 Order of a training step (``hf_step``-like: ``loss.backward(); opt.step();
 opt.zero_grad(set_to_none=True)``): weights and inputs (allocated before the warm-up);
