@@ -11,10 +11,11 @@ sizes, best-fit reuse of cached blocks) instead of a fixed allowance.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from torchfit._core import checks
 
-__all__ = ["SAVED", "RecordedStep", "StepOutline", "Transient"]
+__all__ = ["SAVED", "RecordedStep", "ForwardEvent", "StepOutline", "Transient", "lifetimes"]
 
 #: A tensor of a no-grad forward: its bytes, and for how many of the allocations after it
 #: it stays alive (then it is freed, before the next one).
@@ -23,6 +24,31 @@ Transient = tuple[int, int]
 #: The lifetime of a tensor in a training forward's sequence (`StepOutline.block_forward`,
 #: ``embedding_forward``, ``head_forward``) that autograd saves: it lives until backward.
 SAVED = 2**31 - 1
+
+#: An allocation ``(name, nbytes)`` or the free of a name, in a forward's order.
+ForwardEvent = tuple[str, int] | str
+
+
+def lifetimes(steps: Sequence[ForwardEvent]) -> tuple[Transient, ...]:
+    """The allocations of ``steps`` as `Transient`s, names unique.
+
+    Each lives through the allocations made before its free; one never freed lives to
+    the end of the sequence.
+
+    Example:
+        >>> lifetimes([("a", 4), ("b", 8), "a", ("c", 2), "b"])
+        ((4, 1), (8, 1), (2, 1))
+    """
+    out = []
+    for start, step in enumerate(steps):
+        if isinstance(step, str):
+            continue
+        name, nbytes = step
+        later = steps[start + 1 :]
+        freed = later.index(name) if name in later else len(later)
+        made = sum(1 for s in later[:freed] if not isinstance(s, str))
+        out.append((nbytes, made + (1 if freed == len(later) else 0)))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import transformers
 
 from torchfit.memory import estimate, trace
 from torchfit.memory.allocator import to_device
-from torchfit.memory.analytic.gpt2_outline import lifetimes
+from torchfit.memory.outline import lifetimes
 
 
 def test_lifetimes_count_the_allocations_before_each_free():

@@ -21,44 +21,18 @@ fp32 under bf16 autocast; batch 4 x 1024), whose events this list reproduces.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from torchfit.memory.analytic.arch import TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings
 from torchfit.memory.analytic.formulas import FP32, dropout_mask_bytes
-from torchfit.memory.outline import Transient
+from torchfit.memory.outline import ForwardEvent, Transient, lifetimes
 
-__all__ = ["gpt2_no_grad_block", "lifetimes"]
-
-#: An allocation ``(name, nbytes)`` or the free of a name, in a forward's order.
-Step = tuple[str, int] | str
+__all__ = ["gpt2_no_grad_block"]
 
 
-def lifetimes(steps: Sequence[Step]) -> tuple[Transient, ...]:
-    """The allocations of ``steps`` as `Transient`s, names unique.
-
-    Each lives through the allocations made before its free; one never freed lives to
-    the end of the sequence.
-
-    Example:
-        >>> lifetimes([("a", 4), ("b", 8), "a", ("c", 2), "b"])
-        ((4, 1), (8, 1), (2, 1))
-    """
-    out = []
-    for start, step in enumerate(steps):
-        if isinstance(step, str):
-            continue
-        name, nbytes = step
-        later = steps[start + 1 :]
-        freed = later.index(name) if name in later else len(later)
-        made = sum(1 for s in later[:freed] if not isinstance(s, str))
-        out.append((nbytes, made + (1 if freed == len(later) else 0)))
-    return tuple(out)
-
-
-def _gelu_new(x: int, chain: int, *, cast: bool) -> list[Step]:
+def _gelu_new(x: int, chain: int, *, cast: bool) -> list[ForwardEvent]:
     """``gelu_new`` of an ``x``-byte input: ``chain``-byte intermediates (fp32 under autocast)."""
-    steps: list[Step] = [("half", x)]  # 0.5 * x
+    steps: list[ForwardEvent] = [("half", x)]  # 0.5 * x
     if cast:
         steps += [("x32", chain)]  # autocast's fp32 copy of x for pow
     steps += [("pow", chain)] + (["x32"] if cast else [])
@@ -81,13 +55,13 @@ def gpt2_no_grad_block(
     drop = settings.training and spec.dropout > 0
     mask = math.ceil(h * dropout_mask_bytes(settings.dtype, settings.device))
 
-    def dropped(name: str) -> list[Step]:
+    def dropped(name: str) -> list[ForwardEvent]:
         """Dropout of a projection's output: the dropped output and its mask."""
         if not drop:
             return []
         return [(f"{name} dropped", he), (f"{name} mask", mask), f"{name} mask", name]
 
-    attention: list[Step] = [
+    attention: list[ForwardEvent] = [
         ("ln_1", hr),
         *([("c_attn input", he)] if cast else []),
         ("qkv", 3 * he),
@@ -101,7 +75,7 @@ def gpt2_no_grad_block(
         "ln_1",
     ]
     chain = math.ceil(i * FP32) if cast else ie
-    mlp: list[Step] = [
+    mlp: list[ForwardEvent] = [
         ("ln_2", hr),
         *([("c_fc input", he)] if cast else []),
         ("c_fc", ie),
