@@ -28,6 +28,7 @@ __all__ = [
     "head_terms",
     "inference_transient",
     "mlp_backward_width",
+    "upcasts_logits",
 ]
 
 # Activations whose transformers implementation is a chain of Python ops: every
@@ -289,6 +290,15 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
         Term("output dense input", i * e if s.keeps_input("down") else 0),
         *s.adapter_terms(spec),
     ]
+
+
+def upcasts_logits(spec: TransformerSpec, dtype: DType) -> bool:
+    """Whether the causal-LM loss makes an fp32 copy of 16-bit logits (``logits.float()``).
+
+    transformers' ``ForCausalLMLoss`` (GPT-2 and Llama heads) upcasts them before the
+    log-softmax; fp32 logits need no copy (`loss_bytes` for what the loss keeps).
+    """
+    return spec.family in {Family.GPT2, Family.LLAMA} and dtype.itemsize < FP32
 
 
 def loss_bytes(spec: TransformerSpec, s: BlockSettings) -> tuple[Term, float]:

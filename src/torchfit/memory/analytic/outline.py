@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, Term
+from torchfit.memory.analytic.blocks import BlockSettings, Term, upcasts_logits
 from torchfit.memory.analytic.formulas import INT64, AttentionImpl
 from torchfit.memory.analytic.gpt2_outline import gpt2_no_grad_block
 from torchfit.memory.analytic.states import parameter_shapes
@@ -228,7 +228,7 @@ def training_outline(
     losses = [t for t in head if t.name.startswith("log-softmax")]
     loss_term = losses[0] if losses else None
     saved_loss = math.ceil(tokens * loss_term.per_token) if loss_term else 0
-    upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < 4  # logits.float()
+    upcast = upcasts_logits(spec, settings.dtype)
     loss = (math.ceil(v * 4), saved_loss) if upcast else (saved_loss,)
     head_saved = tuple(
         math.ceil(tokens * t.per_token)

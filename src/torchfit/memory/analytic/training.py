@@ -30,6 +30,7 @@ from torchfit.memory.analytic.blocks import (
     head_terms,
     loss_bytes,
     mlp_backward_width,
+    upcasts_logits,
 )
 from torchfit.memory.analytic.encoder_outline import bert_training_outline
 from torchfit.memory.analytic.formulas import FP32, INT64
@@ -136,9 +137,9 @@ def _loss_forward(spec: TransformerSpec, settings: BlockSettings) -> float:
 
     The causal-LM loss upcasts 16-bit logits (`loss_bytes`); both are freed before backward.
     """
-    v, e = spec.vocab, settings.dtype.itemsize
-    upcast = spec.family in {Family.GPT2, Family.LLAMA} and e < FP32
-    return v * e + (v * FP32 if upcast else 0)
+    v = spec.vocab
+    upcast = upcasts_logits(spec, settings.dtype)
+    return v * settings.dtype.itemsize + (v * FP32 if upcast else 0)
 
 
 def _chunked_note(start: int, chunked: int, notes: list[str]) -> int:
