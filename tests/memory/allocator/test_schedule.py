@@ -160,9 +160,20 @@ def test_a_step_can_fit_below_a_capacity_where_it_runs_out():
     assert smallest_capacity(steps) == 30 * MiB
 
 
-def test_a_bad_outline_says_which_field():
-    with pytest.raises(ValueError, match=r"StepOutline\.logits"):
-        StepOutline(training=True, parameters=(), logits=-1)
+@pytest.mark.parametrize(
+    ("fields", "error", "name"),
+    [
+        ({"logits": -1}, ValueError, "logits"),
+        ({"head_copy": -1}, ValueError, "head_copy"),
+        ({"head_copy": 1.5}, TypeError, "head_copy"),
+        ({"tied_gradient": -5}, ValueError, "tied_gradient"),
+        ({"block_copies": (MiB, -2)}, ValueError, "block_copies"),
+        ({"block_copies": (float("nan"),)}, TypeError, "block_copies"),
+    ],
+)
+def test_a_bad_outline_says_which_field(fields, error, name):
+    with pytest.raises(error, match=rf"StepOutline\.{name}"):
+        StepOutline(training=True, parameters=(), **fields)
 
 
 def _record(run, case):
