@@ -360,6 +360,7 @@ MEMORY: list[Case] = [
             "warmup": Kind("warmup", (3, [("a", -1)], [("a", 2.5)])),
             "context_bytes": SIZE,
             "workspace": FLAG,
+            "training": FLAG,
             "fragmentation": FRACTION,
             "oom_line": FLAG,
             "lazy_loading": FLAG,

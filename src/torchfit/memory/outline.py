@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Protocol
 
 from torchfit._core import checks
+from torchfit._core.ledger import Event
 
-__all__ = ["SAVED", "RecordedStep", "ForwardEvent", "StepOutline", "Transient", "lifetimes"]
+__all__ = [
+    "SAVED",
+    "ForwardEvent",
+    "RecordedStep",
+    "Resizable",
+    "StepOutline",
+    "Transient",
+    "lifetimes",
+    "live_peak",
+]
 
 #: A tensor of a no-grad forward: its bytes, and for how many of the allocations after it
 #: it stays alive (then it is freed, before the next one).
@@ -200,7 +211,65 @@ class RecordedStep:
     Attributes:
         warmup: The warm-up step's events, from an empty allocator.
         events: The measured step's events.
+        training: The step runs a backward (on its own thread: a second cuBLAS workspace).
+        resizable: ``(id, reduction)`` of the kernel-scratch events whose size depends on
+            the card: each ``reduction.staging_bytes(sm_count, threads)`` (see
+            `torchfit.memory.kernels.cuda_reduce`).
     """
 
     warmup: tuple[tuple[object, ...], ...]
     events: tuple[tuple[object, ...], ...]
+    training: bool = False
+    resizable: tuple[tuple[object, Resizable], ...] = ()
+
+    def on_card(self, sm_count: int, threads: int) -> RecordedStep:
+        """The same step with each resizable scratch sized for a card of ``sm_count`` SMs.
+
+        Example:
+            >>> class Half:
+            ...     def staging_bytes(self, sm_count, threads): return sm_count * 512
+            >>> events = (Event("alloc", 1, 9), Event("free", 1, 9))
+            >>> RecordedStep((), events, resizable=((1, Half()),)).on_card(4, 2048).events
+            (Event(kind='alloc', id=1, nbytes=2048), Event(kind='free', id=1, nbytes=2048))
+        """
+        if not self.resizable:
+            return self
+        sizes = {key: found.staging_bytes(sm_count, threads) for key, found in self.resizable}
+        return dataclasses.replace(
+            self, warmup=_resized(self.warmup, sizes), events=_resized(self.events, sizes)
+        )
+
+
+class Resizable(Protocol):
+    """Kernel scratch whose bytes depend on the card (a CUDA reduction's staging buffer)."""
+
+    def staging_bytes(self, sm_count: int, threads: int) -> int:
+        """Its bytes on a card of ``sm_count`` SMs of ``threads`` resident threads each."""
+        ...
+
+
+def _resized(
+    events: tuple[tuple[object, ...], ...], sizes: dict[object, int]
+) -> tuple[tuple[object, ...], ...]:
+    """``events`` with the bytes of each event whose id is in ``sizes`` replaced."""
+    return tuple(
+        event._replace(nbytes=sizes[event.id])
+        if isinstance(event, Event) and event.id in sizes
+        else event
+        for event in events
+    )
+
+
+def live_peak(events: Sequence[tuple[object, ...]]) -> int:
+    """The largest sum of live bytes over a trace's `Event` s (other events are skipped).
+
+    Example:
+        >>> live_peak([Event("alloc", 1, 5), Event("alloc", 2, 3), Event("free", 1, 5)])
+        8
+    """
+    live = peak = 0
+    for event in events:
+        if isinstance(event, Event):
+            live += event.nbytes if event.kind == "alloc" else -event.nbytes
+            peak = max(peak, live)
+    return peak

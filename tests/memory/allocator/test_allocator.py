@@ -671,3 +671,26 @@ def test_approximate_reserved_holds_the_allocated_bytes_in_2_mib_multiples(n, fr
 def test_approximate_reserved_rejects_a_negative_fragmentation():
     with pytest.raises(ValueError, match="fragmentation"):
         approximate_reserved(10, fragmentation=-0.1)
+
+
+def test_a_training_step_holds_a_cublas_workspace_per_thread(monkeypatch):
+    # autograd runs the backward's matmuls on its own thread, with its own cuBLAS handle
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    card = GPU.custom("lab", memory="80GiB", compute_capability=(8, 0))
+    forward = MemoryEstimate(weights=64 * MiB, activations=16 * MiB)
+    training = forward.replace(gradients=64 * MiB)
+    assert to_device(forward, gpu=card, context_bytes=0).workspace == 8_519_680
+    assert to_device(training, gpu=card, context_bytes=0).workspace == 2 * 8_519_680
+    told = to_device(forward, gpu=card, context_bytes=0, training=True)
+    assert told.workspace == 2 * 8_519_680
+    assert any("x 2 (forward and backward threads)" in note for note in told.notes)
+
+
+def test_replayed_workspaces_are_allocated_before_the_step():
+    card = GPU.custom("lab", memory="80GiB", compute_capability=(9, 0))  # 32 MiB each
+    step = [("a", 100 * MiB), ("a",)]
+    e = MemoryEstimate(activations=100 * MiB)
+    one = to_device(e, gpu=card, events=step, context_bytes=0, training=False)
+    two = to_device(e, gpu=card, events=step, context_bytes=0, training=True)
+    assert two.reserved - one.reserved == 32 * MiB
+    assert two.total - one.total == 32 * MiB

@@ -4,6 +4,7 @@ and against real CPU autocast steps."""
 import pytest
 import torch
 
+from cuda_target import tensors_of
 from torchfit.memory import estimate, measure_step, trace
 
 transformers = pytest.importorskip("transformers")
@@ -68,7 +69,7 @@ def test_cuda_autocast_estimate_against_the_cuda_target_trace(family, attn):
         device="cuda",
         optimizer="sgd",
     )
-    allocated = traced.total - _cublas(traced)  # the estimate leaves cuBLAS to to_device
+    allocated = tensors_of(traced)  # the estimate leaves cuBLAS to to_device
     error = (predicted.total - allocated) / allocated
     if (family, attn) == ("gpt2", "sdpa"):
         # GPT-2's Q/K/V are strided views of c_attn's output: the trace's CPU flash kernel
@@ -94,16 +95,10 @@ def test_a_masked_lms_loss_follows_its_dtype_as_cuda_runs_it(precision):
     predicted = estimate(
         config, batch_size=BATCH, seq_len=SEQ, precision=precision, device="cuda", optimizer="sgd"
     )
-    allocated = traced.total - _cublas(traced)
+    allocated = tensors_of(traced)
     error = (predicted.total - allocated) / allocated
     # before: +8.8%, +8.8%, +40.5%; a pure-bf16 BERT's blocks still differ by +4%
     assert abs(error) <= (0.05 if precision == "bf16-true" else 0.02), f"{error:+.1%}"
-
-
-def _cublas(traced):
-    note = next(n for n in traced.notes if n.startswith("cuBLAS workspace"))
-    size, unit = note.split()[2:4]
-    return round(float(size) * {"MiB": 2**20, "KiB": 2**10}[unit])
 
 
 @pytest.mark.parametrize(("family", "attn"), CASES)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from cuda_target import tensors_of
 from tiny_configs import tiny_llama
 from torchfit.memory import estimate, trace
 
@@ -48,9 +49,7 @@ def test_checkpointing_recomputes_after_the_loss_backward(family):
         device="cuda",
         optimizer="sgd",
     )
-    workspace = next(n for n in traced.notes if n.startswith("cuBLAS workspace"))
-    size, unit = workspace.split()[2:4]
-    allocated = traced.total - round(float(size) * {"MiB": 2**20, "KiB": 2**10}[unit])
+    allocated = tensors_of(traced)
     error = (predicted.total - allocated) / allocated
     assert abs(error) <= 0.02, f"{error:+.1%}"
 
@@ -81,8 +80,6 @@ def test_checkpointing_under_autocast_keeps_the_blocks_weight_copies_to_the_loss
     step = {"precision": "bf16-mixed", "device": "cuda", "optimizer": "sgd"}
     traced = trace(model, {"input_ids": ids, "labels": ids}, **step)
     predicted = estimate(config, batch_size=batch, seq_len=256, gradient_checkpointing=True, **step)
-    workspace = next(n for n in traced.notes if n.startswith("cuBLAS workspace"))
-    size, unit = workspace.split()[2:4]
-    allocated = traced.total - round(float(size) * {"MiB": 2**20, "KiB": 2**10}[unit])
+    allocated = tensors_of(traced)
     error = (predicted.total - allocated) / allocated
     assert abs(error) <= 0.02, f"{error:+.1%} ({predicted.peak_at} vs {traced.peak_at})"

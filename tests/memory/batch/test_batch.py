@@ -108,7 +108,7 @@ def test_is_oom_follows_raise_from():
 
 def test_solve_batch_size_inverts_the_line_with_the_margin():
     assert solve_batch_size(line(1000, 10), 2000, margin=0.0) == 100
-    assert solve_batch_size(line(1000, 10), 2000) == 85  # 7% of 2000 kept free (1859.99... floored)
+    assert solve_batch_size(line(1000, 10), 2000) == 90  # 5% of 2000 kept free (1900)
     assert solve_batch_size(line(1000, 10), "2KB", margin=Margin(0.0, reserve=500)) == 50
     assert solve_batch_size(line(3000, 10), 2000) == 0
 

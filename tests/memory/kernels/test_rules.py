@@ -48,8 +48,12 @@ def test_rules_follow_the_thread_count():
     assert workspace_rules("cpu").threads == saved
 
 
-def test_only_ruled_ops_are_worth_recording_and_cuda_has_none():
+def test_only_ruled_ops_are_worth_recording_and_cuda_stages_only_reductions():
     assert has_rule(aten.convolution_backward.default)
     assert not has_rule(aten.add.Tensor)
-    assert workspace_rules("cuda") is None
+    cuda = workspace_rules("cuda")
+    big = torch.empty(64, 4096, 64, device="meta")
+    assert cuda(aten.convolution.default, (big,), {}, None) == 0
+    assert cuda(aten.sum.dim_IntList, (big.flatten(0, 1), [0], True), {}, None) > 0
+    assert workspace_rules("mps") is None
     assert CpuMachine(threads=2, block=8).pad(9) == 16

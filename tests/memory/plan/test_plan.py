@@ -283,15 +283,15 @@ def test_a_plan_repr_is_one_short_line_and_str_the_report():
 
 
 def test_the_workspace_note_says_what_its_bytes_are():
-    # gpt2 at 1024 tokens: 400 MiB of workspace, 8 MiB of it cuBLAS's; the rest is the
-    # loss's fp32 logit gradients at the start of backward
+    # gpt2 at 1024 tokens: 400 MiB of workspace, 16 MiB of it cuBLAS's (one per thread:
+    # forward and backward); the rest is the loss's fp32 logit gradients at backward's start
     plan = plan_card("gpt2", "RTX 3060", seq_len=1024)
     e = plan.estimate
     [note] = [n for n in e.notes if n.startswith("workspace ")]
     assert note.startswith(f"workspace {format_bytes(e.workspace)}: ")
-    assert "8.12 MiB of cuBLAS workspace" in note
+    assert "16.25 MiB of cuBLAS workspace" in note
     assert "(start of backward: " in note and "gradients of the logits" in note
-    transient = e.workspace - int(8.125 * 2**20)
+    transient = e.workspace - 2 * int(8.125 * 2**20)
     assert f"{format_bytes(transient)} of the step's transients" in note
     # inference without a transient: the workspace is cuBLAS's alone, its note says so
     served = plan_card("gpt2", "RTX 3060", mode="inference", seq_len=1024).estimate

@@ -13,7 +13,6 @@ from torchfit.memory.allocator.context import (
 from torchfit.memory.allocator.device import (
     DEFAULT_FRAGMENTATION,
     approximate_reserved,
-    cublas_workspace_bytes,
     to_device,
 )
 from torchfit.memory.allocator.rules import (
@@ -37,6 +36,7 @@ from torchfit.memory.allocator.snapshot import (
     read_snapshot,
     replay_snapshot,
 )
+from torchfit.memory.allocator.workspace import cublas_workspace_bytes, matmul_threads
 
 __all__ = [
     "CONTEXT_ENV_VAR",
@@ -60,6 +60,7 @@ __all__ = [
     "SnapshotTrace",
     "approximate_reserved",
     "cublas_workspace_bytes",
+    "matmul_threads",
     "cuda_context_bytes",
     "measure_cuda_context",
     "read_snapshot",

@@ -9,9 +9,9 @@ the gap:
   20 MiB segments, 2 MiB rounding from 10 MiB, best-fit reuse, splitting, coalescing,
   ``empty_cache``, OOM recovery). Given the exact allocation sequence, it gives the
   exact ``max_memory_reserved``.
-* `cuda_context_bytes` and `cublas_workspace_bytes`: memory outside the estimate's
-  tensors: the CUDA context (never seen by the allocator) and the cuBLAS workspace
-  (allocated through it).
+* `cuda_context_bytes` and `cublas_workspace_bytes` (``workspace.py``): memory outside
+  the estimate's tensors: the CUDA context (never seen by the allocator) and the cuBLAS
+  workspaces (allocated through it).
 * `to_device`: fills an estimate's ``reserved`` and ``context`` so that
   ``device_total`` is the ``nvidia-smi`` figure.
 
@@ -22,9 +22,6 @@ one is present).
 from __future__ import annotations
 
 import math
-import os
-import re
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -46,7 +43,12 @@ from torchfit.memory.allocator.rules import (
 )
 from torchfit.memory.allocator.schedule import step_schedule
 from torchfit.memory.allocator.simulator import replay, smallest_capacity
-from torchfit.memory.outline import RecordedStep
+from torchfit.memory.allocator.workspace import (
+    cublas_workspace_bytes,
+    matmul_threads,
+    staged_for,
+)
+from torchfit.memory.outline import RecordedStep, StepOutline
 from torchfit.memory.result import MemoryEstimate
 
 if TYPE_CHECKING:
@@ -55,7 +57,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_FRAGMENTATION",
     "approximate_reserved",
-    "cublas_workspace_bytes",
     "to_device",
 ]
 
@@ -65,89 +66,6 @@ __all__ = [
 #: peaks of 1.02-1.37, where the fixed 22 MiB term carries the small models
 #: (benchmarks/allocator_fragmentation.py).
 DEFAULT_FRAGMENTATION = 0.05
-
-# cuBLAS workspace defaults, aten/src/ATen/cuda/CublasHandlePool.cpp,
-# parseChosenWorkspaceSize: ":4096:2:16:8" (2 x 4096 KiB + 8 x 16 KiB), and 32 MiB
-# (":4096:8") on compute capability 9.x-12.x (Hopper and Blackwell; sm_90 only before).
-_CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
-_CUBLAS_32MB = 4096 * 8 * 1024
-_CUBLAS_32MB_MAJORS = frozenset({9, 10, 11, 12})
-_CUBLAS_CONFIG_RE = re.compile(r":([0-9]+):([0-9]+)")  # the regex PyTorch applies
-
-
-def _capability_major(compute_capability: object) -> int:
-    major = _read_major(compute_capability)
-    if major < 0:
-        raise ValueError(f"compute capability {compute_capability!r} is negative; use e.g. (9, 0)")
-    return major
-
-
-def _read_major(compute_capability: object) -> int:
-    value = compute_capability
-    if isinstance(value, tuple | list) and value and isinstance(value[0], int):
-        return int(value[0])
-    if isinstance(value, float):
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if value < 20 else value // 10  # 9 or 90 both mean sm_90
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(?:sm_?|compute_)?(\d+)(?:\.(\d+))?\s*", value.lower())
-        if match:
-            major, minor = match.groups()
-            if minor is not None or len(major) == 1:
-                return int(major)
-            return int(major[:-1])  # "90" -> 9, "120" -> 12
-    raise ValueError(
-        f"cannot read compute capability {compute_capability!r}; use a (major, minor) "
-        "tuple such as (9, 0), or a string such as '8.6' or 'sm_90'"
-    )
-
-
-@checks.arguments(compute_capability=checks.parsed(_capability_major))
-@checks.arguments(compute_capability=checks.parsed(_capability_major))
-def cublas_workspace_bytes(compute_capability: object = None) -> int:
-    """The cuBLAS workspace PyTorch allocates, through the caching allocator, per handle.
-
-    ``getChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``: the
-    ``CUBLAS_WORKSPACE_CONFIG`` environment variable when set (``:SIZE:COUNT`` pairs,
-    SIZE in KiB, summed as SIZE x COUNT), else 8,519,680 bytes (``:4096:2:16:8``), or
-    32 MiB on compute capability 9.x to 12.x (Hopper, Blackwell). One workspace per
-    (handle, stream): one for a single-stream training loop. An unknown GPU (None)
-    gets the larger 32 MiB, so an unknown card is not under-estimated. The cuBLASLt
-    workspace (``CUBLASLT_WORKSPACE_SIZE``, 1 MiB by default, shared with this one in
-    some builds) is not included.
-
-    Args:
-        compute_capability: ``(major, minor)``, ``"8.6"``, ``"sm_90"`` or None.
-
-    Returns:
-        Workspace bytes.
-
-    Example:
-        >>> cublas_workspace_bytes((8, 6))  # env var not set
-        8519680
-        >>> cublas_workspace_bytes("sm_90") // 2**20
-        32
-    """
-    default = _CUBLAS_32MB
-    if compute_capability is not None:
-        major = _capability_major(compute_capability)
-        default = _CUBLAS_32MB if major in _CUBLAS_32MB_MAJORS else _CUBLAS_DEFAULT
-    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    if config is None:
-        return default
-    pairs = _CUBLAS_CONFIG_RE.findall(config)
-    if not pairs:
-        # PyTorch warns ("Could not parse CUBLAS_WORKSPACE_CONFIG") and uses the default.
-        warnings.warn(
-            f"CUBLAS_WORKSPACE_CONFIG={config!r} has no ':SIZE:COUNT' pair, so PyTorch "
-            f"ignores it and uses its default workspace of {default} bytes; "
-            "set it like ':4096:8'",
-            UserWarning,
-            stacklevel=2,
-        )
-        return default
-    return sum(int(size) * 1024 * int(count) for size, count in pairs)
 
 
 def approximate_reserved(allocated: int, *, fragmentation: float = DEFAULT_FRAGMENTATION) -> int:
@@ -176,13 +94,26 @@ def approximate_reserved(allocated: int, *, fragmentation: float = DEFAULT_FRAGM
 
 
 class _WorkspaceKey:
-    """A key no caller's trace can contain: the cuBLAS workspace in a replay."""
+    """A key no caller's trace can contain: one thread's cuBLAS workspace in a replay."""
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
 
     def __repr__(self) -> str:
-        return "<cuBLAS workspace>"
+        return f"<cuBLAS workspace of thread {self.thread}>"
 
 
-_WORKSPACE_KEY = _WorkspaceKey()
+def _with_workspaces(events: list[Sequence[object]], workspaces: tuple[int, ...]) -> None:
+    """Put one allocation per thread's cuBLAS workspace before ``events``' first."""
+    events[:0] = [(_WorkspaceKey(i), nbytes) for i, nbytes in enumerate(workspaces)]
+
+
+def _trains(estimate: MemoryEstimate) -> bool:
+    """Whether ``estimate``'s step runs a backward: its outline says, else its bytes do."""
+    outline = estimate.outline
+    if isinstance(outline, StepOutline | RecordedStep):
+        return outline.training
+    return bool(estimate.gradients or estimate.optimizer)
 
 
 @checks.arguments(
@@ -198,6 +129,7 @@ def to_device(
     warmup: Iterable[Sequence[object]] | None = None,
     context_bytes: int | str | None = None,
     workspace: bool = True,
+    training: bool | None = None,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     lazy_loading: bool | None = None,
     cuda_version: object = None,
@@ -211,9 +143,11 @@ def to_device(
     warm-up step's events, `replay`'s ``warmup``), it is the peak of the step after the
     warm-up, from the segments the warm-up left, as a step measured after a warm-up
     step. Without ``events``, it is `approximate_reserved` of the estimate's ``total``.
-    With ``workspace`` the cuBLAS workspace (`cublas_workspace_bytes`) is added to the
-    ``workspace`` category (and, in a replay, allocated before the first event, as the
-    first matmul would: the warm-up's first when there is one). ``context`` comes from
+    With ``workspace`` the cuBLAS workspaces (`cublas_workspace_bytes` per thread that
+    runs matmuls: two in training, the forward's and autograd's backward thread's,
+    `matmul_threads`) are added to the ``workspace`` category (and, in a replay,
+    allocated before the first event, as the first matmuls would: the warm-up's first
+    when there is one). ``context`` comes from
     ``context_bytes`` when given, else `cuda_context_bytes`.
 
     Args:
@@ -226,7 +160,9 @@ def to_device(
         context_bytes: Override of the CUDA context size (bytes or a string like
             ``"400MB"``), or ``"measure"`` to measure it on this machine's GPU
             (`measure_cuda_context`).
-        workspace: Add the cuBLAS workspace (False when the estimate already has it).
+        workspace: Add the cuBLAS workspaces (False when the estimate already has them).
+        training: Whether the step runs a backward (a second cuBLAS workspace); None: the
+            estimate's outline says, else its gradient or optimizer bytes do.
         fragmentation: See `approximate_reserved` (used without ``events``).
         lazy_loading: See `cuda_context_bytes`.
         cuda_version: See `cuda_context_bytes` (``"11.2"``: a context of 1341 MiB).
@@ -255,13 +191,19 @@ def to_device(
             f"device={estimate.device!r}; estimate again with device='cuda'"
         )
     record = resolve_gpu(gpu)
+    estimate = staged_for(estimate, record)
     notes = list(estimate.notes)
-    extra = 0
+    workspaces: tuple[int, ...] = ()
     if workspace:
         capability = getattr(record, "compute_capability", None)
-        extra = cublas_workspace_bytes(capability)
+        threads = matmul_threads(training=_trains(estimate) if training is None else training)
+        workspaces = (cublas_workspace_bytes(capability),) * threads
         where = "unknown GPU" if capability is None else f"compute capability {capability}"
-        notes.append(f"cuBLAS workspace {format_bytes(extra)} added to workspace ({where})")
+        each = "" if threads == 1 else f" x {threads} (forward and backward threads)"
+        notes.append(
+            f"cuBLAS workspace {format_bytes(workspaces[0])}{each} added to workspace ({where})"
+        )
+    extra = sum(workspaces)
     total = estimate.total + extra
     if events is None and warmup is not None:
         raise ValueError(
@@ -270,7 +212,7 @@ def to_device(
         )
     replayed = None
     if events is None:
-        replayed = _outline_reserved(estimate, extra, total, notes, search=oom_line)
+        replayed = _outline_reserved(estimate, workspaces, total, notes, search=oom_line)
     line = None if replayed is None else replayed[1]
     if replayed is not None:
         reserved = replayed[0]
@@ -285,7 +227,7 @@ def to_device(
         reserved = _events_reserved(
             events,
             warmup,
-            workspace=extra,
+            workspaces=workspaces,
             total=total,
             fragmentation=fragmentation,
             notes=notes,
@@ -323,7 +265,12 @@ _OUTLINE_AGREEMENT = 0.10
 
 
 def _outline_reserved(
-    estimate: MemoryEstimate, workspace: int, total: int, notes: list[str], *, search: bool
+    estimate: MemoryEstimate,
+    workspaces: tuple[int, ...],
+    total: int,
+    notes: list[str],
+    *,
+    search: bool,
 ) -> tuple[int, int | None] | None:
     """Reserved bytes and the OOM line (with ``search``) from the estimate's outline replayed.
 
@@ -333,6 +280,7 @@ def _outline_reserved(
     ``total``): an estimate rescaled or replaced after the closed form made it.
     """
     outline = estimate.outline
+    warm: list[Sequence[object]]
     if isinstance(outline, RecordedStep):  # a trace's own events
         warm, events = list(outline.warmup), list(outline.events)
     elif outline is None or outline.weights != estimate.weights:
@@ -340,8 +288,7 @@ def _outline_reserved(
     else:
         schedule = step_schedule(outline)
         warm, events = list(schedule.warmup), list(schedule.events)
-    if workspace:
-        warm.insert(0, (_WORKSPACE_KEY, workspace))
+    _with_workspaces(warm, workspaces)
     stats = replay(events, warmup=warm)
     if abs(stats.peak_allocated / total - 1) > _OUTLINE_AGREEMENT:
         return None
@@ -370,7 +317,7 @@ def _events_reserved(
     events: Iterable[Sequence[object]],
     warmup: Iterable[Sequence[object]] | None,
     *,
-    workspace: int,
+    workspaces: tuple[int, ...],
     total: int,
     fragmentation: float,
     notes: list[str],
@@ -378,8 +325,7 @@ def _events_reserved(
     """Reserved bytes of the caller's exact events (and warm-up), the rest approximated."""
     trace = list(events)
     warm = None if warmup is None else list(warmup)
-    if workspace:
-        (trace if warm is None else warm).insert(0, (_WORKSPACE_KEY, workspace))
+    _with_workspaces(trace if warm is None else warm, workspaces)
     stats = replay(trace, warmup=warm)
     reserved = stats.peak_reserved
     after = "" if warm is None else f", after {len(warm)} of the warm-up step's"

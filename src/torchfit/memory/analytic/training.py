@@ -34,6 +34,7 @@ from torchfit.memory.analytic.blocks import (
 )
 from torchfit.memory.analytic.encoder_outline import bert_training_outline
 from torchfit.memory.analytic.formulas import FP32, INT64
+from torchfit.memory.analytic.head_backward import head_backward
 from torchfit.memory.analytic.model_states import ModelStates
 from torchfit.memory.analytic.moe import (
     largest_expert_tensor,
@@ -250,6 +251,11 @@ def training_peak(
     start = backward_start + kept_grads + copies
     logits = math.ceil(_loss_forward(spec, settings) * tokens) if loss_chunk is None else 0
     moments = [(start, "start of backward", saved, kept_grads, backward_start - saved, copies)]
+    head_sum = head_backward(
+        spec, settings, tokens=tokens, activations=activations, gradients=kept_grads, copies=copies
+    )
+    if head_sum is not None and loss_chunk is None and not in_backward:
+        moments.append(head_sum)
     if gradient_checkpointing:
         forward_end = activations + kept_grads + states.autocast_copies + logits
         label = "end of forward (the loss, autocast's cache)"

@@ -240,7 +240,7 @@ def find_batch_size(
         effective_batch_size: Keep ``batch_size * accumulation_steps`` at this value: the
             answer is the micro-batch and the accumulation steps (exact when a step count
             within twice the minimum divides it; else the smallest cover above it).
-        margin: A fraction of the budget to keep free, or a `Margin` (default: 7%, 2% on
+        margin: A fraction of the budget to keep free, or a `Margin` (default: 5%, 2% on
             a simulated card, plus the CUDA context for a `GPU` budget).
         restore: An object or a tuple of objects to restore after each trial.
         warmup: Force (True) or skip (False) the warm-up step; by default, when a named

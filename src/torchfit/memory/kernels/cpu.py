@@ -16,8 +16,9 @@ measured figures are quoted at the rules (`conv`, `norms`, `attention`, `embeddi
 torch when the rules are built (`torchfit.memory.kernels.machine`), so the rules follow
 the machine the step will run on.
 
-CUDA kernels keep their scratch elsewhere (cuBLAS/cuDNN workspaces that persist across
-steps), so the CUDA target has no per-op rules here; see `torchfit.memory.kernels.cuda`.
+CUDA kernels keep most of their scratch elsewhere (cuBLAS/cuDNN workspaces that persist
+across steps); the CUDA target's one per-op rule, the staging buffer of a reduction split
+over thread blocks, is `torchfit.memory.kernels.cuda_reduce`'s.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from torchfit.memory.kernels import attention, conv, embedding, matmul, norms
+from torchfit.memory.kernels.cuda_reduce import CudaRules
 from torchfit.memory.kernels.machine import CpuMachine, cpu_block, this_cpu
 
 __all__ = ["CpuRules", "cpu_block", "has_rule", "workspace_rules"]
@@ -92,13 +94,18 @@ def _cpu_rules(machine: CpuMachine) -> CpuRules:
     return CpuRules(**dataclasses.asdict(machine))
 
 
-def workspace_rules(device: str) -> CpuRules | None:
+def workspace_rules(device: str) -> CpuRules | CudaRules | None:
     """The per-op scratch rules for a target device (``None``: none apply).
 
+    CUDA's are sized for `CudaRules`' reference card; a trace sizes them again for the
+    card its estimate is placed on.
+
     Example:
-        >>> workspace_rules("cuda") is None, workspace_rules("cpu").threads >= 1
-        (True, True)
+        >>> workspace_rules("cpu").threads >= 1, workspace_rules("cuda").sm_count
+        (True, 132)
     """
     if device == "cpu":
         return _cpu_rules(this_cpu())
+    if device == "cuda":
+        return CudaRules()
     return None

@@ -24,7 +24,7 @@ from torchfit.memory.analytic.formulas import FP32
 from torchfit.memory.analytic.model_states import model_state_bytes
 from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
 from torchfit.memory.kernels.calls import scratch_of
-from torchfit.memory.kernels.cpu import workspace_rules
+from torchfit.memory.kernels.cpu import CpuRules, workspace_rules
 from torchfit.memory.kernels.layout import cpu_layout
 from torchfit.memory.modules.adapters import frozen_base_weights
 from torchfit.memory.modules.live import LiveBytes
@@ -171,7 +171,7 @@ def estimate_module(
         if example_inputs is None
         else example_inputs
     )
-    rules = workspace_rules(device) is not None
+    rules = isinstance(workspace_rules(device), CpuRules)  # the calls CPU rules look at
     report = activation_bytes(
         model, example, dtype=compute, training=training, device=device, kernel_calls=rules
     )

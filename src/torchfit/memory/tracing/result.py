@@ -7,6 +7,8 @@ import dataclasses
 from typing import Any
 
 from torchfit._core.ledger import Event, round_up
+from torchfit.memory.kernels.cuda_reduce import Reduction
+from torchfit.memory.outline import RecordedStep
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 from torchfit.memory.tracing.tracker import Tracker
 
@@ -70,6 +72,9 @@ class Trace:
         ops: ATen ops traced in the measured step.
         device: The target device (``"cpu"`` or ``"cuda"``).
         warmup_events: The warm-up steps' events, in order (empty without warm-up).
+        resizable: ``(id, Reduction)`` of each kernel-scratch event whose size depends on
+            the card (CUDA reduction staging buffers), sized in ``events`` for
+            `CudaRules`' reference card; `to_device` sizes them for its card.
     """
 
     estimate: MemoryEstimate
@@ -80,12 +85,22 @@ class Trace:
     ops: int
     device: str
     warmup_events: tuple[Event, ...] = ()
+    resizable: tuple[tuple[int, Reduction], ...] = ()
 
     def __str__(self) -> str:
         """The estimate, then the modules holding the most bytes at the peak."""
         head = f"Trace ({self.device}): {self.ops} ops, {len(self.events)} events"
         table = self.estimate.layer_table(top=10)
         return f"{head}\n{self.estimate}\nat the peak, by module:\n{table}"
+
+    def recorded(self) -> RecordedStep:
+        """The step's events as a `RecordedStep`, what `to_device` replays."""
+        return RecordedStep(
+            warmup=self.warmup_events,
+            events=self.events,
+            training=any(storage.phase == "backward" for storage in self.storages),
+            resizable=self.resizable,
+        )
 
     def allocator_events(self) -> list[Event]:
         """The events as ``torchfit.memory.allocator.replay`` takes them: `events` itself."""
@@ -185,4 +200,5 @@ def build_trace(tracker: Tracker, *, device: str, notes: list[str], kinds: dict[
         ops=tracker.ops,
         device=device,
         warmup_events=tuple(tracker.warmup_events),
+        resizable=tuple(sorted(tracker.resizable.items())),
     )

@@ -21,6 +21,7 @@ from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu, cuda_autocast_runs_on_cpu
 from torchfit.memory.kernels.cpu import workspace_rules
 from torchfit.memory.kernels.cuda import FusedSdpa, cuda_notes, prefer_foreach
+from torchfit.memory.kernels.cuda_reduce import REFERENCE_SMS
 from torchfit.memory.tracing.fake import fake_copy, reachable_tensors
 from torchfit.memory.tracing.result import Trace, build_trace
 from torchfit.memory.tracing.tracker import Tracker, UntraceableOpError
@@ -233,7 +234,13 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
             + (f" ({_RULE_WHAT[op]})" if op in _RULE_WHAT else "")
             for op, count in sorted(tracker.rule_hits.items())
         )
-        notes.append(f"CPU kernel scratch modelled (torchfit.memory.kernels.cpu): {hits}")
+        if session.device == "cuda":
+            notes.append(
+                "CUDA reduction staging buffers modelled (torchfit.memory.kernels.cuda_reduce): "
+                f"{hits}; sized for {REFERENCE_SMS} SMs, and again for the card it is placed on"
+            )
+        else:
+            notes.append(f"CPU kernel scratch modelled (torchfit.memory.kernels.cpu): {hits}")
     autocast = session.autocast_dtype is not None or "autocast" in session.describe
     if session.autocast_dtype is not None:
         notes.append(f"autocast: torch.autocast('cpu', dtype={session.autocast_dtype})")

@@ -42,7 +42,6 @@ from torchfit._core.step import (
 )
 from torchfit._core.tensors import check_materialized
 from torchfit._core.torch_rules import autograd_of
-from torchfit.memory.outline import RecordedStep
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
 from torchfit.memory.step.run import run_keywords
@@ -372,7 +371,7 @@ def trace(
 
     # the exact allocation sequence gives the allocator's reserved bytes by replay, the
     # step's after the warm-up's (reserved as measured after a warm-up step); to_device
-    # also adds the cuBLAS workspace the tracer leaves out
+    # also adds the cuBLAS workspaces the tracer leaves out
     return to_device(with_recorded_step(result), gpu=gpu)
 
 
@@ -396,13 +395,13 @@ def with_recorded_step(result: Trace) -> MemoryEstimate:
     """A CUDA trace's estimate carrying its own events (`RecordedStep`) for `to_device`.
 
     `to_device` replays them through the caching-allocator model for ``reserved`` and the
-    OOM line, on whichever card it is given, and adds the cuBLAS workspace the trace
-    leaves out.
+    OOM line, on whichever card it is given, and adds the cuBLAS workspaces the trace
+    leaves out (two when the step has a backward).
     """
     estimate = result.estimate
     return estimate.replace(
         notes=tuple(n for n in estimate.notes if "workspaces are not in" not in n),
-        outline=RecordedStep(warmup=tuple(result.warmup_events), events=tuple(result.events)),
+        outline=result.recorded(),
     )
 
 

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from torchfit._core.ledger import Entry, Event, Ledger, storage_key
+from torchfit.memory.kernels.cuda_reduce import CudaRules, Reduction
 from torchfit.memory.tracing.ops import (
     UntraceableOpError,
     is_composite,
@@ -98,6 +99,8 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.ops = 0
         self.on_op: Callable[[], None] | None = None
         self.rule_hits: collections.Counter[str] = collections.Counter()
+        # scratch id -> the reduction behind it, to size it again for another card
+        self.resizable: dict[int, Reduction] = {}
 
     # -- the ledger's figures -------------------------------------------------------------
     @property
@@ -182,10 +185,10 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if self.recording:
                 self.tags.append((len(self.events), record.id, category))
 
-    def transient(self, nbytes: int, module: str, op: str) -> None:
-        """Kernel scratch: allocated and freed within one op."""
+    def transient(self, nbytes: int, module: str, op: str) -> int | None:
+        """Kernel scratch: allocated and freed within one op. Returns its id (None: none)."""
         if nbytes <= 0:
-            return
+            return None
         if self.recording:
             self.rule_hits[op] += 1
         entry = self.ledger.transient(nbytes)
@@ -193,6 +196,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             label = f"{op} scratch"
             self.history[entry.id] = (entry.raw, "workspace", module, self.phase, label)
             self._note_peak(len(self.events) - 2, module, label)
+        return entry.id
 
     def start(self, baseline: Iterable[tuple[torch.Tensor, str, str]]) -> int:
         """Begin recording the measured step from the live ``baseline`` tensors.
@@ -283,7 +287,11 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if isinstance(leaf, torch.Tensor):
                     self.register(leaf.untyped_storage(), category, module=module, op=op)
             if self.workspace is not None:
-                self.transient(self.workspace(func, args, kwargs, out), module, op)
+                scratch = self.transient(self.workspace(func, args, kwargs, out), module, op)
+                if scratch is not None and isinstance(self.workspace, CudaRules):
+                    reduction = self.workspace.reduction(func, args, kwargs)
+                    if reduction is not None:
+                        self.resizable[scratch] = reduction
         finally:
             self.phase = saved_phase
         self.ops += 1
