@@ -38,10 +38,24 @@ _SAVED_BY_ACTIVATION = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
 
 @dataclasses.dataclass(frozen=True)
 class Term:
-    """One saved tensor (or group): a name and its bytes per token."""
+    """One saved tensor (or group): a name and its bytes per token.
+
+    ``pieces``: the group's tensors, bytes per token each (summing to ``per_token``), where
+    the kernels allocate several apart; empty for one tensor, or a group split by name.
+    """
 
     name: str
     per_token: float
+    pieces: tuple[float, ...] = ()
+
+
+def _pieces(name: str, *pieces: float) -> Term:
+    """A `Term` of several tensors."""
+    return Term(name, sum(pieces), tuple(pieces))
+
+
+def _layer_norm(name: str, width: float) -> Term:  # its input, and its fp32 mean and rstd
+    return _pieces(name, width, FP32, FP32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +141,16 @@ class BlockSettings:
         The fp32 copy of its input (kept by ``pow``); before torch 2.2 also the fp32
         square ``mean`` reads (``mean_keeps_input``; a layer norm has no ``mean``).
         """
+        return sum(self.rms_copies(spec, width))
+
+    def rms_copies(self, spec: TransformerSpec, width: int) -> tuple[float, ...]:
+        """`rms_norm`'s tensors, bytes per token each."""
         square = self.mean_keeps_input and spec.rms_norm
-        return width * FP32 * (2 if square else 1)
+        return (width * FP32,) * (2 if square else 1)
+
+    def rms_term(self, name: str, spec: TransformerSpec, normed: float) -> Term:
+        """An RMSNorm's saved tensors: its fp32 input copies, ``rsqrt``, the ``normed`` output."""
+        return _pieces(name, *self.rms_copies(spec, spec.hidden), FP32, normed)
 
     @property
     def residual(self) -> float:
@@ -248,12 +270,12 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     copied = _output_copied(spec, s)
     if spec.family is Family.GPT2:
         return [
-            Term("ln_1 input + mean/rstd", h * s.residual + 2 * FP32),
+            _layer_norm("ln_1 input + mean/rstd", h * s.residual),
             Term("c_attn input", h * e if s.keeps_input("qkv") else 0),
             *_core(spec, seq_len, s),
             Term("c_proj input", h * e if s.keeps_input("o") and copied else 0),
-            Term("dropout masks (attn, mlp)", 2 * h * drop),
-            Term("ln_2 input + mean/rstd", h * s.residual + 2 * FP32),
+            _pieces("dropout masks (attn, mlp)", h * drop, h * drop),
+            _layer_norm("ln_2 input + mean/rstd", h * s.residual),
             Term("c_fc input", h * e if s.keeps_input("fc") else 0),
             Term(f"{spec.activation} intermediates", _activation(spec, s)),
             Term("mlp c_proj input", i * e if s.keeps_input("down") else 0),
@@ -262,25 +284,25 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     if spec.family is Family.LLAMA:
         # RMSNorm: fp32 copy of the input, rsqrt, the normalized input before the weight
         # (kept for the weight's gradient only)
-        rms = s.rms_norm(spec, h) + FP32 + (0 if s.frozen_base else h * s.residual)
+        normed = 0 if s.frozen_base else h * s.residual
         # Phi-3 reads the normed input once for q/k/v and once for gate/up (fused Linears)
         fused = is_fused(spec)
         qkv, gate_up = (("qkv",), ("gate_up",)) if fused else (("q", "k", "v"), ("gate", "up"))
         return [
-            Term("input RMSNorm", rms),
-            Term("q/k/v input", s.input_copies(*qkv) * h * e),
+            s.rms_term("input RMSNorm", spec, normed),
+            _pieces("q/k/v input", *(h * e,) * s.input_copies(*qkv)),
             Term("q/k per-head RMSNorm", _qk_norm(spec, s)),
             *_core(spec, seq_len, s),
             Term("o_proj input", h * e if s.keeps_input("o") and copied else 0),
-            Term("post-attention RMSNorm", rms),
-            Term("gate/up input", s.input_copies(*gate_up) * h * e),
+            s.rms_term("post-attention RMSNorm", spec, normed),
+            _pieces("gate/up input", *(h * e,) * s.input_copies(*gate_up)),
             Term("SwiGLU: gate, act(gate), up", 3 * i * s.mlp_itemsize),
             Term("down_proj input (the product)", i * e if s.keeps_input("down") else 0),
             *s.adapter_terms(spec),
         ]
     act = _SAVED_BY_ACTIVATION.get(spec.activation, 1)
     return [
-        Term("q/k/v input", s.input_copies("q", "k", "v") * h * e),
+        _pieces("q/k/v input", *(h * e,) * s.input_copies("q", "k", "v")),
         *_core(spec, seq_len, s),
         Term("attention output input", h * e if s.keeps_input("o") and copied else 0),
         Term("dropout masks", 2 * h * drop),
@@ -338,14 +360,14 @@ def head_terms(spec: TransformerSpec, s: BlockSettings) -> list[Term]:
     if spec.family is Family.GPT2:
         return [
             Term("embedding dropout mask", h * drop),
-            Term("ln_f input + mean/rstd", h * e + 2 * FP32),
+            _layer_norm("ln_f input + mean/rstd", h * e),
             Term("lm_head input", head_input),
             logits,
             Term("labels", INT64),
         ]
     if spec.family is Family.LLAMA:
         return [
-            Term("final RMSNorm", s.rms_norm(spec, h) + FP32 + head_input),
+            s.rms_term("final RMSNorm", spec, head_input),
             Term("lm_head input", head_input),
             logits,
             Term("labels", INT64),
