@@ -109,3 +109,21 @@ def test_a_trace_stages_each_bias_gradient_and_resizes_it_for_the_card():
     smaller = live_peak(placed.outline.on_card(28, 1536).events) - placed.total
     assert smaller < 0
     assert rtx_3060.total == placed.total + smaller + 2 * 8_519_680
+
+
+# The fused attention backward's scratch in the same H200 snapshots: (query, key) shapes
+# and dtype as the trace's CPU flash backward sees them, and the bytes allocated.
+ATTENTION = [
+    ((64, 12, 197, 64), (64, 12, 197, 64), torch.bfloat16, 39_337_216),  # ViT-B/16, flash
+    ((4, 32, 2048, 64), (4, 8, 2048, 64), torch.bfloat16, 135_266_560),  # Llama-3.2-1B, GQA
+    ((8, 12, 1024, 64), (8, 12, 1024, 64), torch.float32, 25_190_400),  # GPT-2, mem-efficient
+]
+
+
+@pytest.mark.parametrize(("query", "key", "dtype", "measured"), ATTENTION)
+def test_the_attention_backward_scratch_is_what_an_h200_allocated(query, key, dtype, measured):
+    q = torch.empty(query, dtype=dtype, device="meta")
+    k = torch.empty(key, dtype=dtype, device="meta")
+    flash_backward = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    found = CudaRules()(flash_backward, (q, q, k, k), {}, None)
+    assert abs(found / measured - 1) <= 0.015, found

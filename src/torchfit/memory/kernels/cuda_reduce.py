@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from torchfit._core.reduction import REFERENCE_SMS, REFERENCE_THREADS, Reduction, threads_per_sm
+from torchfit.memory.kernels.cuda import fused_attention_backward_bytes
 
 __all__ = [
     "REFERENCE_SMS",
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
+
+_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default  # noqa: SLF001
 
 _VECTOR = 4  # widest vectorized output access (get_output_vec_size starts at 4)
 
@@ -102,11 +105,12 @@ def reduction_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Re
 
 @dataclasses.dataclass(frozen=True)
 class CudaRules:
-    """The CUDA target's kernel scratch: reduction staging buffers, sized for one card.
+    """The CUDA target's kernel scratch: reduction staging buffers and attention backward.
 
-    Called as the CPU rules are (``rules(func, args, kwargs, out)`` -> bytes);
-    `reduction` gives the geometry behind the bytes, so a trace can size them again for
-    another card.
+    The staging buffers are sized for one card; the fused attention backward's fp32
+    accumulators (`fused_attention_backward_bytes`) do not depend on it. Called as the
+    CPU rules are (``rules(func, args, kwargs, out)`` -> bytes); `reduction` gives the
+    geometry behind a staging buffer, so a trace can size it again for another card.
 
     Example:
         >>> grad = torch.empty(12608, 3072, device="meta")
@@ -125,6 +129,8 @@ class CudaRules:
         out: Any,  # noqa: ARG002 - the rules' signature; a staging buffer's size is the input's
     ) -> int:
         """Scratch bytes of one op call on this card (0 when it stages nothing)."""
+        if func is _FLASH_BACKWARD:  # the fused attention's backward, as the trace runs it
+            return fused_attention_backward_bytes(args)
         found = reduction_of(func, args, kwargs)
         return 0 if found is None else found.staging_bytes(self.sm_count, self.threads)
 
