@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["REFERENCE_SMS", "REFERENCE_THREADS", "Reduction", "threads_per_sm"]
+__all__ = ["REFERENCE_SMS", "REFERENCE_THREADS", "Reduction", "output_vector", "threads_per_sm"]
 
 #: The card a trace sizes its staging buffers for when no card is named: an H100/H200
 #: (132 SMs of 2048 threads), the largest common one, so an unknown card is not
@@ -54,6 +54,19 @@ def threads_per_sm(compute_capability: tuple[int, int] | None) -> int:
         return REFERENCE_THREADS
     major, minor = compute_capability
     return _THREADS_PER_SM.get((major, minor), REFERENCE_THREADS)
+
+
+def output_vector(*extents: int) -> int:
+    """Outputs each thread loads at once: the widest of 4, 2, 1 dividing every extent.
+
+    ``get_output_vec_size`` in Reduce.cuh starts at 4 and halves it until it divides the
+    kept dimension's size and the other dimensions' strides (in elements).
+
+    Example:
+        >>> output_vector(768, 768), output_vector(30522), output_vector(7)
+        (4, 2, 1)
+    """
+    return next(v for v in (4, 2, 1) if all(n % v == 0 for n in extents))
 
 
 def _floor_pow2(n: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from torchfit._core.reduction import REFERENCE_SMS, REFERENCE_THREADS, Reduction
+from torchfit._core.reduction import REFERENCE_SMS, REFERENCE_THREADS, Reduction, output_vector
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import BlockSettings, loss_bytes
 from torchfit.memory.analytic.formulas import FP32  # CUDA sums 16- and 32-bit values in float
@@ -33,7 +33,7 @@ def head_bias_staging(spec: TransformerSpec, tokens: int) -> int:
     """
     if spec.family is not Family.BERT:
         return 0
-    vector = next(v for v in (4, 2, 1) if spec.vocab % v == 0)
+    vector = output_vector(spec.vocab)
     found = Reduction(spec.vocab, tokens, along_fastest=False, vector=vector, accumulator=FP32)
     return found.staging_bytes(REFERENCE_SMS, REFERENCE_THREADS)
 

@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from torchfit._core.reduction import REFERENCE_SMS, REFERENCE_THREADS, Reduction, threads_per_sm
+from torchfit._core.reduction import (
+    REFERENCE_SMS,
+    REFERENCE_THREADS,
+    Reduction,
+    output_vector,
+    threads_per_sm,
+)
 from torchfit.memory.kernels.cuda import fused_attention_backward_bytes
 
 __all__ = [
@@ -35,8 +41,6 @@ __all__ = [
 aten = torch.ops.aten
 
 _FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default  # noqa: SLF001
-
-_VECTOR = 4  # widest vectorized output access (get_output_vec_size starts at 4)
 
 #: Reductions that run ``gpu_reduce_kernel`` and whether they take a ``dim`` argument.
 _REDUCTIONS = {
@@ -96,9 +100,7 @@ def reduction_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Re
     if not along_fastest and fastest_kept == 1:
         innermost = min(keep, key=lambda item: item[1])[0]
         others = [stride for _, stride in gone] + [s for _, s in keep if s != 1]
-        vector = _VECTOR
-        while vector > 1 and any(n % vector for n in (innermost, *others)):
-            vector //= 2
+        vector = output_vector(innermost, *others)
     accumulator = 8 if x.element_size() == 8 else 4
     return Reduction(outputs, inputs, along_fastest, vector, accumulator)
 
@@ -109,8 +111,8 @@ class CudaRules:
 
     The staging buffers are sized for one card; the fused attention backward's fp32
     accumulators (`fused_attention_backward_bytes`) do not depend on it. Called as the
-    CPU rules are (``rules(func, args, kwargs, out)`` -> bytes); `reduction` gives the
-    geometry behind a staging buffer, so a trace can size it again for another card.
+    CPU rules are (``rules(func, args, kwargs, out)`` -> bytes); `scratch` gives the
+    geometry behind a staging buffer too, so a trace can size it again for another card.
 
     Example:
         >>> grad = torch.empty(12608, 3072, device="meta")
@@ -129,13 +131,19 @@ class CudaRules:
         out: Any,  # noqa: ARG002 - the rules' signature; a staging buffer's size is the input's
     ) -> int:
         """Scratch bytes of one op call on this card (0 when it stages nothing)."""
-        if func is _FLASH_BACKWARD:  # the fused attention's backward, as the trace runs it
-            return fused_attention_backward_bytes(args)
-        found = reduction_of(func, args, kwargs)
-        return 0 if found is None else found.staging_bytes(self.sm_count, self.threads)
+        return self.scratch(func, args, kwargs)[0]
 
-    def reduction(
+    def scratch(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Reduction | None:
-        """The `Reduction` behind a call's scratch, or None."""
-        return reduction_of(func, args, kwargs)
+    ) -> tuple[int, Reduction | None]:
+        """Scratch bytes of one op call on this card, and the `Reduction` behind them.
+
+        The `Reduction` (None for scratch that does not depend on the card) is what a
+        trace keeps to size the buffer again for another card.
+        """
+        if func is _FLASH_BACKWARD:  # the fused attention's backward, as the trace runs it
+            return fused_attention_backward_bytes(args), None
+        found = reduction_of(func, args, kwargs)
+        if found is None:
+            return 0, None
+        return found.staging_bytes(self.sm_count, self.threads), found

@@ -198,6 +198,24 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._note_peak(len(self.events) - 2, module, label)
         return entry.id
 
+    def _kernel_scratch(
+        self,
+        rules: WorkspaceFn,
+        call: tuple[Any, tuple[Any, ...], dict[str, Any], Any],
+        module: str,
+        op: str,
+    ) -> None:
+        """Count an op call's kernel scratch; keep a CUDA staging buffer's `Reduction`."""
+        func, args, kwargs, out = call
+        reduction = None
+        if isinstance(rules, CudaRules):
+            nbytes, reduction = rules.scratch(func, args, kwargs)
+        else:
+            nbytes = rules(func, args, kwargs, out)
+        scratch = self.transient(nbytes, module, op)
+        if scratch is not None and reduction is not None:
+            self.resizable[scratch] = reduction
+
     def start(self, baseline: Iterable[tuple[torch.Tensor, str, str]]) -> int:
         """Begin recording the measured step from the live ``baseline`` tensors.
 
@@ -287,11 +305,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if isinstance(leaf, torch.Tensor):
                     self.register(leaf.untyped_storage(), category, module=module, op=op)
             if self.workspace is not None:
-                scratch = self.transient(self.workspace(func, args, kwargs, out), module, op)
-                if scratch is not None and isinstance(self.workspace, CudaRules):
-                    reduction = self.workspace.reduction(func, args, kwargs)
-                    if reduction is not None:
-                        self.resizable[scratch] = reduction
+                self._kernel_scratch(self.workspace, (func, args, kwargs, out), module, op)
         finally:
             self.phase = saved_phase
         self.ops += 1
