@@ -17,8 +17,9 @@ torch when the rules are built (`torchfit.memory.kernels.machine`), so the rules
 the machine the step will run on.
 
 CUDA kernels keep most of their scratch elsewhere (cuBLAS/cuDNN workspaces that persist
-across steps); the CUDA target's one per-op rule, the staging buffer of a reduction split
-over thread blocks, is `torchfit.memory.kernels.cuda_reduce`'s.
+across steps); the CUDA target's per-op rules (the staging buffer of a reduction split
+over thread blocks, the fused attention backward's accumulators) are
+`torchfit.memory.kernels.cuda_reduce.CudaRules`.
 """
 
 from __future__ import annotations

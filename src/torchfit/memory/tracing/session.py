@@ -236,8 +236,9 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
         )
         if session.device == "cuda":
             notes.append(
-                "CUDA reduction staging buffers modelled (torchfit.memory.kernels.cuda_reduce): "
-                f"{hits}; sized for {REFERENCE_SMS} SMs, and again for the card it is placed on"
+                "CUDA kernel scratch modelled (torchfit.memory.kernels.cuda_reduce: reduction "
+                f"staging buffers, attention backward): {hits}; staging buffers sized for "
+                f"{REFERENCE_SMS} SMs, and again for the card it is placed on"
             )
         else:
             notes.append(f"CPU kernel scratch modelled (torchfit.memory.kernels.cpu): {hits}")
