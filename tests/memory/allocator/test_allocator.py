@@ -1,4 +1,6 @@
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torchfit.memory.allocator import (
     approximate_reserved,
     cublas_workspace_bytes,
     cuda_context_bytes,
+    matmul_threads,
     replay,
     round_request,
     segment_size,
@@ -694,3 +697,26 @@ def test_replayed_workspaces_are_allocated_before_the_step():
     two = to_device(e, gpu=card, events=step, context_bytes=0, training=True)
     assert two.reserved - one.reserved == 32 * MiB
     assert two.total - one.total == 32 * MiB
+
+
+def _h200_record(case):
+    runs = Path(__file__).parents[3] / "benchmarks" / "gpu_runs" / "h200-a.jsonl"
+    return next(r for r in map(json.loads, runs.read_text().splitlines()) if r["case"] == case)
+
+
+@pytest.mark.parametrize(
+    ("case", "itemsize", "trained_before"),
+    [("T01_gpt2_fp32_b8_s1024", 4, False), ("T03_llama1b_bf16true_b4_s2048", 2, True)],
+)
+def test_the_h200_held_a_cublas_workspace_per_thread_that_had_run_matmuls(
+    monkeypatch, case, itemsize, trained_before
+):
+    # Allocated bytes beyond the weights and token ids before each case's first step, in
+    # one process on an H200: before the first training step of the process only the
+    # forward thread had run a matmul (32.8 MiB); after one, autograd's thread had too.
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    record = _h200_record(case)
+    extra = record["before_step1"]["alloc"] - record["params"] * itemsize
+    extra -= record["batch"] * record["seq"] * 8  # the token ids (labels are the same tensor)
+    workspaces = matmul_threads(training=trained_before) * cublas_workspace_bytes((9, 0))
+    assert 0 <= extra - workspaces <= 2 * MiB, extra
