@@ -720,3 +720,9 @@ def test_the_h200_held_a_cublas_workspace_per_thread_that_had_run_matmuls(
     extra -= record["batch"] * record["seq"] * 8  # the token ids (labels are the same tensor)
     workspaces = matmul_threads(training=trained_before) * cublas_workspace_bytes((9, 0))
     assert 0 <= extra - workspaces <= 2 * MiB, extra
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, float("nan")])
+def test_matmul_threads_refuses_a_training_flag_that_is_not_a_bool(bad):
+    with pytest.raises(TypeError, match="training must be True or False"):
+        matmul_threads(training=bad)

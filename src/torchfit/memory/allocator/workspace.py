@@ -116,6 +116,7 @@ def cublas_workspace_bytes(compute_capability: object = None) -> int:
     return sum(int(size) * 1024 * int(count) for size, count in pairs)
 
 
+@checks.arguments()
 def matmul_threads(*, training: bool) -> int:
     """Threads that run a step's matmuls, each with its own cuBLAS workspace.
 
