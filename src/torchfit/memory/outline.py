@@ -99,8 +99,17 @@ class StepOutline:
         head_gradients: Weight gradients made by the head's backward.
         tied_gradient: Where the head shares the input embedding's weight (the last of
             ``head_gradients``): the embedding's backward makes that gradient once more
-            at the end of backward and autograd adds the two, so the sum and its two
-            addends are alive together (0: not tied, or the embedding is frozen).
+            at the end of backward and autograd adds the two (0: not tied, or the
+            embedding is frozen).
+        tied_in_place: How autograd adds them. True: into the head's gradient, the
+            embedding's freed at once; False: into a new tensor, the sum and its two
+            addends alive together. Autograd's engine adds into the first gradient only
+            when it is a plain tensor it holds alone (``accumulate`` in
+            ``torch/csrc/autograd/input_buffer.cpp``): under autocast over fp32 weights
+            the head's gradient comes from the cast's backward, a fresh tensor; straight
+            from the head's matmul it is a transposed view, which it may not write to.
+            On an H200 (torch 2.11) Qwen2.5-0.5B and BERT under autocast allocated no sum,
+            GPT-2, Llama-3.2-1B and Qwen3-0.6B in their own dtype did.
         embedding_gradients: Weight gradients made at the end of backward.
         states: Optimizer state tensors, in the order the first step creates them.
         step_temporaries: The optimizer step's temporaries, alive together.
@@ -144,6 +153,7 @@ class StepOutline:
     layer_gradients: tuple[int, ...] = ()
     head_gradients: tuple[int, ...] = ()
     tied_gradient: int = 0
+    tied_in_place: bool = False
     embedding_gradients: tuple[int, ...] = ()
     states: tuple[int, ...] = ()
     step_temporaries: tuple[int, ...] = ()

@@ -242,10 +242,11 @@ def _backward(w: _Writer, o: StepOutline) -> None:
         _block_backward(w, o, layer)
     for j, nbytes in enumerate(o.embedding_gradients):
         w.alloc(("grad", "embedding", j), nbytes)
-    if o.tied_gradient:  # the embedding's own gradient, then the sum replacing the head's
+    if o.tied_gradient:  # the embedding's own gradient, added to the head's
         w.alloc(("grad", "tied", "embedding"), o.tied_gradient)
-        w.alloc(("grad", "tied"), o.tied_gradient)
-        w.free(("grad", "head", len(o.head_gradients) - 1), o.tied_gradient)
+        if not o.tied_in_place:  # into a new tensor, which replaces the head's
+            w.alloc(("grad", "tied"), o.tied_gradient)
+            w.free(("grad", "head", len(o.head_gradients) - 1), o.tied_gradient)
         w.free(("grad", "tied", "embedding"), o.tied_gradient)
     w.free(("dh", -1), o.residual)
     for j, nbytes in enumerate(n for n, lives in o.embedding_forward if lives == SAVED):
@@ -286,8 +287,15 @@ def _optimizer(w: _Writer, o: StepOutline, *, first: bool) -> None:
         w.alloc(("step", j), nbytes)
     for j, nbytes in enumerate(o.step_temporaries):
         w.free(("step", j), nbytes)
-    w.free(("grad", "tied"), o.tied_gradient)  # the embedding's: set to None first
+    _zero_grad(w, o)
+
+
+def _zero_grad(w: _Writer, o: StepOutline) -> None:
+    """``zero_grad(set_to_none=True)``: every gradient freed, in the parameters' order."""
     tied = len(o.head_gradients) - 1 if o.tied_gradient else -1
+    if o.tied_gradient:  # the embedding's: set to None first
+        key = ("grad", "head", tied) if o.tied_in_place else ("grad", "tied")
+        w.free(key, o.tied_gradient)
     for j, nbytes in enumerate(o.head_gradients):
         if j != tied:
             w.free(("grad", "head", j), nbytes)

@@ -232,6 +232,8 @@ def bert_training_outline(
         block_grads=(z.iw, z.iw),  # the gradients of GELU's output and of its input
         layer_gradients=layer_g,
         head_gradients=head_g,
+        tied_gradient=head_g[-1] if head_g else 0,  # the decoder's weight is the embedding's
+        tied_in_place=z.cast,  # the decoder's gradient comes from autocast's cast
         embedding_gradients=embed_g,
         states=states if per_tensor else (),
         step_temporaries=split(step_temporaries, grads) if grads else (),

@@ -314,6 +314,7 @@ def training_outline(
         layer_gradients=layer_g,
         head_gradients=head_g,
         tied_gradient=head_g[-1] if full and spec.tied_embeddings and head_g else 0,
+        tied_in_place=head_copy > 0,  # the head's gradient comes from autocast's cast
         embedding_gradients=embed_g,
         states=states,
         step_temporaries=split(step_temporaries, trained) if trained else (),

@@ -10,6 +10,9 @@ reference dies exactly when the storage does (the same mechanism as
 The counting itself (one storage once, frees queued and applied before the next
 lookup, in-place resizes as a free and an allocation, the event list) is
 `torchfit._core.ledger.Ledger`'s; the tracker labels what it counts.
+
+Gradients several nodes send to one input are summed as autograd's engine sums real
+tensors, in place where it may (`torchfit.memory.tracing.accumulate`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from torchfit._core.ledger import Entry, Event, Ledger, storage_key
 from torchfit.memory.kernels.cuda_reduce import CudaRules, Reduction
+from torchfit.memory.tracing.accumulate import GradientMakers
 from torchfit.memory.tracing.ops import (
     UntraceableOpError,
     is_composite,
@@ -101,6 +105,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.rule_hits: collections.Counter[str] = collections.Counter()
         # scratch id -> the reduction behind it, to size it again for another card
         self.resizable: dict[int, Reduction] = {}
+        self.makers = GradientMakers()  # which backward node allocated each storage
 
     # -- the ledger's figures -------------------------------------------------------------
     @property
@@ -252,6 +257,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             record = self.records[entry.id]
             self.history[entry.id] = (record.raw, record.category, record.module, "start", "")
         self.peak_where = "start"
+        self.makers.clear()
         self._frozen = None
         self.rule_hits.clear()
         self.phase = "forward"
@@ -261,6 +267,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Apply pending frees and stop recording; `peak` keeps the recorded step's."""
         self.drain()
         self.recording = False
+        self.makers.clear()
         if self._frozen is None:
             self._frozen = (self.ledger.peak, self.ledger.peak_index)
 
@@ -295,7 +302,11 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        out = match_cpu_layout(func, args, run_op(func, args, kwargs))
+        node = torch._C._current_autograd_node()  # noqa: SLF001 - no public equivalent
+        if node is not None and self.makers.sums_in_place(func, node, args, kwargs, self.ledger):
+            out = run_op(torch.ops.aten.add_.Tensor, args, kwargs)
+        else:
+            out = match_cpu_layout(func, args, run_op(func, args, kwargs))
         phase, module = self.where()
         saved_phase, self.phase = self.phase, phase
         try:
@@ -303,7 +314,9 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             category = "activations" if phase in {"forward", "loss"} else "workspace"
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
-                    self.register(leaf.untyped_storage(), category, module=module, op=op)
+                    record = self.register(leaf.untyped_storage(), category, module=module, op=op)
+                    if node is not None and record is not None:
+                        self.makers.note(record.id, node)
             if self.workspace is not None:
                 self._kernel_scratch(self.workspace, (func, args, kwargs, out), module, op)
         finally:
