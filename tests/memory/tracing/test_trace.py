@@ -726,3 +726,16 @@ def test_cuda_target_takes_the_cards_workspace_and_context():
     assert any("unknown GPU" in note for note in unknown.notes)
     assert card.workspace < unknown.workspace  # 8 MiB of cuBLAS workspace, not 32
     assert card.total - card.workspace == unknown.total - unknown.workspace
+
+
+def test_a_cuda_trace_says_cudnns_convolution_workspaces_are_not_counted():
+    """Each traced convolution is named; a step without one says nothing about cuDNN."""
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.Flatten()
+    )
+    convs = trace(net, torch.randn(2, 3, 16, 16), optimizer="sgd", device="cuda")
+    note = [n for n in convs.notes if "cuDNN's workspaces" in n]
+    assert len(note) == 1 and note[0].startswith("device=cuda: 2 convolution")
+    model, inputs = build_mlp(3)
+    plain = trace(model, inputs, optimizer="sgd", device="cuda")
+    assert not [n for n in plain.notes if "cuDNN's workspaces" in n]

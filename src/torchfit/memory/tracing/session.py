@@ -266,11 +266,13 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
     if dropped:
         notes.append(f"{format_bytes(dropped)} left over from the warm-up were not counted")
     if session.device == "cuda":
+        convolutions = sum(op == "aten.convolution.default" for *_, op in tracker.history.values())
         notes += cuda_notes(
             fused_sdpa=sdpa.fused if sdpa else 0,
             math_sdpa=sdpa.math if sdpa else 0,
             dropouts=sdpa.dropouts if sdpa else 0,
             foreach=foreach,
+            convolutions=convolutions,
         )
     return notes
 
