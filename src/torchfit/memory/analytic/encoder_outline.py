@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings
 from torchfit.memory.analytic.formulas import FP32, INT64, dropout_mask_bytes, keeps_linear_state
 from torchfit.memory.analytic.outline import split
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.outline import SAVED, StepOutline, Transient
 
 __all__ = ["bert_parameters", "bert_training_outline"]

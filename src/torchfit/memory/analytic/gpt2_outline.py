@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings
 from torchfit.memory.analytic.formulas import FP32, dropout_mask_bytes
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.outline import ForwardEvent, Transient, lifetimes
 
 __all__ = ["gpt2_no_grad_block"]

@@ -16,8 +16,9 @@ import math
 
 from torchfit._core.reduction import REFERENCE_SMS, REFERENCE_THREADS, Reduction, output_vector
 from torchfit.memory.analytic.arch import Family, TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, loss_bytes
+from torchfit.memory.analytic.blocks import loss_bytes
 from torchfit.memory.analytic.formulas import FP32  # CUDA sums 16- and 32-bit values in float
+from torchfit.memory.analytic.settings import BlockSettings
 
 __all__ = ["head_bias_staging", "head_backward"]
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, inference_transient
+from torchfit.memory.analytic.blocks import inference_transient
 from torchfit.memory.analytic.formulas import INT64, spec_kv_bytes
 from torchfit.memory.analytic.generation import generation_moments
 from torchfit.memory.analytic.moe import moe_inference_transient
 from torchfit.memory.analytic.outline import forward_outline
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.result import MemoryEstimate
 
 __all__ = ["inference_estimate"]

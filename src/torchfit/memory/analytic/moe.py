@@ -19,8 +19,10 @@ import dataclasses
 import math
 
 from torchfit.memory.analytic.arch import MoESpec, TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, Term, block_terms, inference_transient
+from torchfit.memory.analytic.blocks import block_terms, inference_transient
 from torchfit.memory.analytic.formulas import FP32, INT64
+from torchfit.memory.analytic.settings import BlockSettings
+from torchfit.memory.analytic.term import Term
 
 __all__ = [
     "DENSE_MLP_TERMS",

@@ -12,15 +12,15 @@ import math
 from collections.abc import Sequence
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, Term, upcasts_logits
+from torchfit.memory.analytic.blocks import SAVED_BY_ACTIVATION, upcasts_logits
 from torchfit.memory.analytic.formulas import INT64, AttentionImpl
 from torchfit.memory.analytic.gpt2_outline import gpt2_no_grad_block
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.analytic.states import parameter_shapes
+from torchfit.memory.analytic.term import Term
 from torchfit.memory.outline import SAVED, StepOutline, Transient
 
 __all__ = ["forward_block", "forward_outline", "no_grad_block", "split", "training_outline"]
-
-_MLP_TENSORS = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
 
 
 def split(total: int, weights: Sequence[int]) -> tuple[int, ...]:
@@ -49,49 +49,19 @@ def _elements(spec: TransformerSpec) -> list[int]:
     return [math.prod(shape) for shape in parameter_shapes(spec)]
 
 
-def _saved_tensors(
-    spec: TransformerSpec, terms: Sequence[Term], tokens: int, itemsize: float
-) -> tuple[int, ...]:
+def _saved_tensors(terms: Sequence[Term], tokens: int) -> tuple[int, ...]:
     """A block's saved terms as the tensors the kernels allocate.
 
-    A term's ``pieces`` when it has them (a norm's input and its per-row statistics); an
-    MLP's chain of intermediates is several; a fused attention keeps its inputs, its
-    output and a per-head log-sum-exp (`_attention_tensors`). The sizes decide which
-    cached segment each one fits, so a group is not one block of their sum.
+    Each term's ``pieces`` (a norm's input and its per-row statistics, an MLP's chain of
+    intermediates, a fused attention's inputs, output and log-sum-exp), else the term as
+    one tensor. The sizes decide which cached segment each one fits, so a group is not one
+    block of their sum.
     """
     out: list[int] = []
     for term in terms:
-        nbytes = math.ceil(tokens * term.per_token)
-        count = 1
-        if term.name.startswith("SwiGLU"):  # gate, act(gate), up
-            count = 3
-        elif term.name in {f"{spec.activation} intermediates", f"{spec.activation} input"}:
-            count = _MLP_TENSORS.get(spec.activation, 1)  # a chain of Python ops
-        elif term.pieces:
-            out += [math.ceil(tokens * p) for p in term.pieces if p]
-            continue
-        elif term.name.startswith("attention ("):
-            out += _attention_tensors(spec, nbytes, tokens, itemsize)
-            continue
-        out += [p for p in split(nbytes, [1] * count) if p]
+        tensors = term.pieces or (term.per_token,)
+        out += [n for n in (math.ceil(tokens * t) for t in tensors) if n]
     return tuple(out)
-
-
-def _attention_tensors(spec: TransformerSpec, nbytes: int, tokens: int, e: float) -> list[int]:
-    """A fused attention's saved bytes as its tensors, or as one when they are not that.
-
-    Flash and memory-efficient SDPA keep the query, key and value (GPT-2's are views of
-    one ``c_attn`` output, 3h wide), the output, and one fp32 log-sum-exp per head and
-    token (the memory-efficient kernel pads the sequence to 32). Eager attention's
-    scores and probabilities, or a math fallback, leave more than that: one tensor.
-    """
-    h, kv = math.ceil(spec.hidden * tokens * e), math.ceil(spec.kv_dim * tokens * e)
-    inputs = [3 * h] if spec.family is Family.GPT2 else [h, kv, kv]
-    tensors = [*inputs, h]
-    rest = nbytes - sum(tensors)
-    if not 0 < rest <= 2 * 4 * spec.num_heads * tokens:
-        return [nbytes]
-    return [*tensors, rest]
 
 
 def no_grad_block(
@@ -117,7 +87,7 @@ def no_grad_block(
         (math.ceil(h * e), 1),  # o_proj output
         (math.ceil(h * r), 3),  # normed input of the MLP
     ]
-    chain = _MLP_TENSORS.get(spec.activation, 1)
+    chain = SAVED_BY_ACTIVATION.get(spec.activation, 1)
     mlp = [(math.ceil(i * m), 1) for _ in range(chain + 1)] + [(math.ceil(h * e), 0)]
     return (*attention, *mlp)
 
@@ -261,12 +231,8 @@ def training_outline(
     saved_loss = math.ceil(tokens * loss_term.per_token) if loss_term else 0
     upcast = upcasts_logits(spec, settings.dtype)
     loss = (math.ceil(v * 4), saved_loss) if upcast else (saved_loss,)
-    head_saved = _saved_tensors(
-        spec,
-        [t for t in head if t is not loss_term and t.name != "labels" and t.per_token > 0],
-        tokens,
-        e,
-    )
+    kept = [t for t in head if t is not loss_term and t.name != "labels" and t.per_token > 0]
+    head_saved = _saved_tensors(kept, tokens)
     adapters_per_layer = 2 * (len(settings.lora.roles) if settings.lora else 7)
     head_g, layer_g, embed_g = _gradient_groups(
         spec, gradients, full=full, adapters_per_layer=adapters_per_layer
@@ -292,7 +258,7 @@ def training_outline(
         if per_tensor
         else ()
     )
-    width = 3 if spec.family is Family.LLAMA else _MLP_TENSORS.get(spec.activation, 1)
+    width = 3 if spec.family is Family.LLAMA else SAVED_BY_ACTIVATION.get(spec.activation, 1)
     attention = [t for t in block if t.name.startswith("attention (")]
     core = math.ceil(tokens * attention[0].per_token) if attention else 0
     return StepOutline(
@@ -301,7 +267,7 @@ def training_outline(
         inputs=(tokens * INT64,),
         num_layers=spec.num_layers,
         residual=math.ceil(tokens * spec.hidden * settings.residual),
-        block_saved=_saved_tensors(spec, block, tokens, settings.dtype.itemsize),
+        block_saved=_saved_tensors(block, tokens),
         block_transient=forward_block(spec, settings, tokens, core, cache=False),
         checkpointing=checkpointing,
         head_saved=head_saved,

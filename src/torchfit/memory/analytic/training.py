@@ -24,8 +24,6 @@ from torchfit._core.step import Loop, OptimizerName
 from torchfit._core.units import DType
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.blocks import (
-    BlockSettings,
-    Term,
     block_terms,
     head_terms,
     loss_bytes,
@@ -43,7 +41,9 @@ from torchfit.memory.analytic.moe import (
 )
 from torchfit.memory.analytic.optimizer_step import adam_step_temporaries
 from torchfit.memory.analytic.outline import training_outline
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.analytic.states import chunked_loss_peak, kept_gradients, kept_output
+from torchfit.memory.analytic.term import Term
 from torchfit.memory.outline import StepOutline
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 

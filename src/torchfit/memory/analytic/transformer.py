@@ -17,7 +17,6 @@ from torchfit._core.step import Loop, Mode, OptimizerName, parse_mode, parse_opt
 from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import DType, parse_dtype
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings
 from torchfit.memory.analytic.formulas import parse_attention
 from torchfit.memory.analytic.inference import inference_estimate
 from torchfit.memory.analytic.kbit import kbit_head_params
@@ -28,6 +27,7 @@ from torchfit.memory.analytic.quantized import (
     quantized_shapes,
     with_loading,
 )
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.analytic.states import (
     adapters_for,
     check_dora,

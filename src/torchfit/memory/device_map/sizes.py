@@ -30,8 +30,9 @@ from torchfit._core.tensors import own_tensors
 from torchfit._core.units import DType
 from torchfit.memory.allocator import approximate_reserved
 from torchfit.memory.analytic.arch import TransformerSpec
-from torchfit.memory.analytic.blocks import BlockSettings, inference_transient
+from torchfit.memory.analytic.blocks import inference_transient
 from torchfit.memory.analytic.formulas import parse_attention
+from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.estimator import estimate
 
 __all__ = [
