@@ -70,6 +70,18 @@ class _ResidualCNN(torch.nn.Module):
         return self.head(h.mean((2, 3)))
 
 
+class _Doubled(torch.nn.Module):
+    """``h + h``: autograd sends one gradient tensor twice to ``h``'s buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        return self.second(h + h)
+
+
 def _encoder() -> torch.nn.Module:
     """PyTorch's own pre-norm encoder layers (``nn.MultiheadAttention``) on embeddings."""
     layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=True)
@@ -83,6 +95,7 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], Any], Callabl
     "llama-tied": (_llama, lambda: _tokens(labels=True), lambda out: out.loss),
     "bert": (_bert, lambda: _tokens(labels=True), lambda out: out.loss),
     "residual-cnn": (_ResidualCNN, lambda: torch.randn(2, 3, 8, 8), lambda out: out.sum()),
+    "doubled": (_Doubled, lambda: torch.randn(4, 32), lambda out: out.sum()),
     "torch-encoder": (_encoder, lambda: _tokens(labels=False), lambda out: out.float().sum()),
 }
 

@@ -67,8 +67,8 @@ class GradientMakers:
         """Whether ``func(*args)``, run by ``node``, is the engine's sum, done in place.
 
         It is when ``func`` is ``aten.add.Tensor`` without ``alpha``, grad mode is off,
-        the two addends have one shape and dtype, and the first one was made by another
-        node than ``node`` and is not a view (module notes).
+        the two addends have one shape and dtype and are not one tensor, and the first one
+        was made by another node than ``node`` and is not a view (module notes).
         """
         if func is not _ADD or kwargs or len(args) != 2 or torch.is_grad_enabled():
             return False
@@ -80,5 +80,7 @@ class GradientMakers:
         if first._is_view():  # noqa: SLF001 - the engine's own test, read from the tensor
             return False
         entry = ledger.get(first.untyped_storage())
+        if entry is not None and entry is ledger.get(second.untyped_storage()):
+            return False  # ``x + x``: the engine holds the first twice, so it adds anew
         maker = None if entry is None else self._by_id.get(entry.id)
         return maker is not None and maker is not node
