@@ -8,7 +8,8 @@ non-overlapping and dense tensor of which the buffer holds the last reference). 
 tensor is a tensor subclass, which that check refuses, so under the tracker every such
 sum would be a new tensor where a real step writes into the first addend: on an H200
 (torch 2.11) a Qwen2.5-0.5B step under bf16 autocast allocated 853 residual-sized fp32
-tensors where the trace made 1,022, seven more per layer, and 24 fewer bf16 ones.
+tensors where the trace made 1,022 (seven more per layer) and 602 bf16 ones where it made
+650 (two more per layer).
 
 The tracker therefore runs the sum in place where the engine would: an ``add`` in
 backward of two gradients of one shape and dtype whose first was made in backward by
@@ -18,7 +19,7 @@ tied head's sum stays a new tensor, unless autocast's cast of the weight made th
 gradient a fresh one. Checked against the engine itself: the same step on real CPU
 tensors under ``torch.profiler`` makes the same out-of-place sums (GPT-2, a tied Llama,
 BERT, a residual CNN and PyTorch's encoder layers, fp32 and bf16 autocast), and the H200
-snapshots' allocations match the trace's size for size on GPT-2, Llama-3.2-1B,
+snapshots' allocations match the trace's size for size on Llama-3.2-1B, Llama-3.2-3B,
 Qwen2.5-0.5B and ResNet-50.
 """
 

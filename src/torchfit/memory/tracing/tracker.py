@@ -272,9 +272,8 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._frozen = (self.ledger.peak, self.ledger.peak_index)
 
     # -- where are we -------------------------------------------------------------
-    def where(self) -> tuple[str, str]:
-        """(phase, module path) of the op running now."""
-        node = torch._C._current_autograd_node()  # noqa: SLF001 - no public equivalent
+    def where(self, node: Any) -> tuple[str, str]:
+        """(phase, module path) of the op running now, in backward ``node`` (else None)."""
         if node is not None:
             label = _metadata(node).get(_NODE_KEY, "")
             return "backward", f"{label} ({node.name()})" if label else node.name()
@@ -307,7 +306,7 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = run_op(torch.ops.aten.add_.Tensor, args, kwargs)
         else:
             out = match_cpu_layout(func, args, run_op(func, args, kwargs))
-        phase, module = self.where()
+        phase, module = self.where(node)
         saved_phase, self.phase = self.phase, phase
         try:
             op = str(func)
