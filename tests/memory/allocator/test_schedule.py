@@ -167,6 +167,8 @@ def test_a_step_can_fit_below_a_capacity_where_it_runs_out():
         ({"head_copy": -1}, ValueError, "head_copy"),
         ({"head_copy": 1.5}, TypeError, "head_copy"),
         ({"tied_gradient": -5}, ValueError, "tied_gradient"),
+        ({"tied_in_place": 1}, TypeError, "tied_in_place"),
+        ({"tied_in_place": "yes"}, TypeError, "tied_in_place"),
         ({"block_copies": (MiB, -2)}, ValueError, "block_copies"),
         ({"block_copies": (float("nan"),)}, TypeError, "block_copies"),
     ],
