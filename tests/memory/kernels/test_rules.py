@@ -48,12 +48,15 @@ def test_rules_follow_the_thread_count():
     assert workspace_rules("cpu").threads == saved
 
 
-def test_only_ruled_ops_are_worth_recording_and_cuda_stages_only_reductions():
+def test_only_ruled_ops_are_worth_recording_and_cuda_adds_reductions_and_cudnn():
     assert has_rule(aten.convolution_backward.default)
     assert not has_rule(aten.add.Tensor)
     cuda = workspace_rules("cuda")
     big = torch.empty(64, 4096, 64, device="meta")
-    assert cuda(aten.convolution.default, (big,), {}, None) == 0
+    assert cuda(aten.add.Tensor, (big, big), {}, None) == 0
+    x, w = torch.empty(8, 64, 56, 56, device="meta"), torch.empty(64, 64, 3, 3, device="meta")
+    conv = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert cuda(aten.convolution.default, conv, {}, x) == 2 * x.nbytes + w.nbytes  # NHWC copies
     assert cuda(aten.sum.dim_IntList, (big.flatten(0, 1), [0], True), {}, None) > 0
     assert workspace_rules("mps") is None
     assert CpuMachine(threads=2, block=8).pad(9) == 16

@@ -728,7 +728,7 @@ def test_cuda_target_takes_the_cards_workspace_and_context():
     assert card.total - card.workspace == unknown.total - unknown.workspace
 
 
-def test_a_cuda_trace_says_cudnns_convolution_workspaces_are_not_counted():
+def test_a_cuda_trace_says_how_it_counts_cudnns_convolution_workspaces():
     """Each traced convolution is named; a step without one says nothing about cuDNN."""
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.Flatten()

@@ -27,12 +27,12 @@ fakes and these differences are applied on top:
   optimizer's groups where the user left it unset.
 
 - **Kernel scratch.** `torchfit.memory.kernels.cuda_reduce.CudaRules`: the staging
-  buffers of reductions split over thread blocks, and the fused attention backward's
-  fp32 accumulators (`fused_attention_backward_bytes`). cuBLAS's workspaces, one per
-  thread that runs matmuls, are `torchfit.memory.allocator.to_device`'s.
+  buffers of reductions split over thread blocks, the fused attention backward's
+  fp32 accumulators (`fused_attention_backward_bytes`) and cuDNN's convolution
+  workspaces (`torchfit.memory.kernels.cudnn`). cuBLAS's workspaces, one per thread that
+  runs matmuls, are `torchfit.memory.allocator.to_device`'s.
 
-Not modelled (listed in the estimate's notes): the 1 MiB cuBLASLt workspaces and cuDNN
-convolution workspaces.
+Not modelled (listed in the estimate's notes): the 1 MiB cuBLASLt workspaces.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from torch.overrides import TorchFunctionMode
 from torchfit._core.ledger import CUDA_BLOCK
 
 __all__ = [
+    "CUBLAS_NOTE",
     "CUDA_BLOCK",
     "FusedSdpa",
     "cuda_notes",
@@ -220,6 +221,14 @@ def prefer_foreach(optimizer: torch.optim.Optimizer) -> bool:
     return changed
 
 
+#: A CUDA trace's note on cuBLAS's workspaces, which an estimate that carries its events
+#: drops: `torchfit.memory.allocator.to_device` adds them there.
+CUBLAS_NOTE = (
+    "device=cuda: cuBLAS workspaces are not in this estimate (created at the first call and "
+    "kept; to_device adds them)"
+)
+
+
 def cuda_notes(
     *, fused_sdpa: int, math_sdpa: int, dropouts: int = 0, foreach: bool, convolutions: int = 0
 ) -> list[str]:
@@ -229,17 +238,14 @@ def cuda_notes(
             f"device=cuda: every storage rounded up to {CUDA_BLOCK} B (CUDA caching "
             "allocator block); the rounding is reported as overhead"
         ),
-        (
-            "device=cuda: cuBLAS workspaces are not in this estimate (created at the "
-            "first call and kept; to_device adds them)"
-        ),
+        CUBLAS_NOTE,
     ]
     if convolutions:
         notes.append(
-            f"device=cuda: {convolutions} convolution(s) traced; cuDNN's workspaces "
-            "are not counted (a transient per call, sized by the algorithm cuDNN's "
-            "heuristics pick: up to 302 MiB on an H200 for ResNet-50 at batch 64, and the "
-            "segments a warm-up step caches for them stay reserved)"
+            f"device=cuda: {convolutions} convolution(s) traced with cuDNN's workspaces as an "
+            "H200 with cuDNN 9 allocated them (NHWC copies of NCHW operands; "
+            "torchfit.memory.kernels.cudnn); another card or cuDNN version may pick other "
+            "algorithms, and cudnn.benchmark=True is not modelled"
         )
     if fused_sdpa:
         notes.append(

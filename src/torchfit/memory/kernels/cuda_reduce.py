@@ -28,6 +28,7 @@ from torchfit._core.reduction import (
     threads_per_sm,
 )
 from torchfit.memory.kernels.cuda import fused_attention_backward_bytes
+from torchfit.memory.kernels.cudnn import convolution_workspaces
 
 __all__ = [
     "REFERENCE_SMS",
@@ -107,10 +108,11 @@ def reduction_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Re
 
 @dataclasses.dataclass(frozen=True)
 class CudaRules:
-    """The CUDA target's kernel scratch: reduction staging buffers and attention backward.
+    """The CUDA target's kernel scratch: reduction staging, attention backward, cuDNN.
 
     The staging buffers are sized for one card; the fused attention backward's fp32
-    accumulators (`fused_attention_backward_bytes`) do not depend on it. Called as the
+    accumulators (`fused_attention_backward_bytes`) and cuDNN's convolution workspaces
+    (`torchfit.memory.kernels.cudnn`) do not depend on it. Called as the
     CPU rules are (``rules(func, args, kwargs, out)`` -> bytes); `scratch` gives the
     geometry behind a staging buffer too, so a trace can size it again for another card.
 
@@ -128,10 +130,18 @@ class CudaRules:
         func: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        out: Any,  # noqa: ARG002 - the rules' signature; a staging buffer's size is the input's
+        out: Any,
     ) -> int:
         """Scratch bytes of one op call on this card (0 when it stages nothing)."""
-        return self.scratch(func, args, kwargs)[0]
+        workspaces = self.workspaces(func, args, out)
+        return max(workspaces) if workspaces else self.scratch(func, args, kwargs)[0]
+
+    def workspaces(self, func: Any, args: tuple[Any, ...], out: Any) -> tuple[int, ...]:
+        """The library workspaces of one op call, in order (cuDNN's convolutions).
+
+        Each is freed before the next; `torchfit.memory.kernels.cudnn` gives the rules.
+        """
+        return convolution_workspaces(func, args, out)
 
     def scratch(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

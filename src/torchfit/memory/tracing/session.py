@@ -28,7 +28,7 @@ from torchfit.memory.tracing.tracker import Tracker, UntraceableOpError
 
 __all__ = ["Session", "run_session"]
 
-# What each rule models, for the notes.
+# What each rule models, for the notes: CPU kernels', then where CUDA's differ.
 _RULE_WHAT = {
     "aten.convolution.default": "oneDNN reorders of source, weights and output",
     "aten.convolution_backward.default": "oneDNN reorders and grad_output copy",
@@ -47,6 +47,13 @@ _RULE_WHAT = {
     "aten.addmm.default": "copies of operands BLAS cannot read",
     "aten.bmm.default": "copies of operands BLAS cannot read",
     "aten.baddbmm.default": "copies of operands BLAS cannot read",
+}
+_CUDA_RULE_WHAT = {
+    "aten.convolution.default": "cuDNN workspaces: NHWC copies of input, weights and output",
+    "aten.convolution_backward.default": "cuDNN workspaces of input and weight gradients",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (
+        "fused attention backward's fp32 accumulators"
+    ),
 }
 
 
@@ -229,15 +236,17 @@ def _notes(session: Session, dropped: int, sdpa: FusedSdpa | None, *, foreach: b
         ),
     ]
     if tracker.rule_hits:
+        what = _CUDA_RULE_WHAT if session.device == "cuda" else _RULE_WHAT
         hits = ", ".join(
             f"{op.removeprefix('aten.').split('.')[0]} x{count}"
-            + (f" ({_RULE_WHAT[op]})" if op in _RULE_WHAT else "")
+            + (f" ({what[op]})" if op in what else "")
             for op, count in sorted(tracker.rule_hits.items())
         )
         if session.device == "cuda":
             notes.append(
                 "CUDA kernel scratch modelled (torchfit.memory.kernels.cuda_reduce: reduction "
-                f"staging buffers, attention backward): {hits}; staging buffers sized for "
+                "staging buffers, attention backward, cuDNN convolution workspaces): "
+                f"{hits}; staging buffers sized for "
                 f"{REFERENCE_SMS} SMs, and again for the card it is placed on"
             )
         else:

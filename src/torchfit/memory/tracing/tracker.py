@@ -214,6 +214,8 @@ class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         func, args, kwargs, out = call
         reduction = None
         if isinstance(rules, CudaRules):
+            for workspace in rules.workspaces(func, args, out):
+                self.transient(workspace, module, op)
             nbytes, reduction = rules.scratch(func, args, kwargs)
         else:
             nbytes = rules(func, args, kwargs, out)
