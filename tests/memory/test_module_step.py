@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from torchfit.memory import estimate, to_device, trace
+from torchfit.memory.kernels.cuda import CUBLAS_NOTE
 from torchfit.memory.outline import RecordedStep
 from torchfit.memory.tracing.tracer import trace_events, with_recorded_step
 
@@ -68,6 +69,11 @@ def test_a_recorded_step_replays_as_the_events_it_holds(width, batch, steps):
     assert by_outline.total == by_events.total
     assert by_events.oom_line is None  # events given by hand: no OOM-line search
     assert by_outline.oom_line is not None
+    # the trace says cuBLAS's workspaces are left out; the recorded step's estimate, which
+    # to_device gives them, drops that note and only that one
+    kept = with_recorded_step(result).notes
+    assert CUBLAS_NOTE in result.estimate.notes and CUBLAS_NOTE not in kept
+    assert len(kept) == len(result.estimate.notes) - 1
 
 
 _OUTSIDE = torch.ones(8)  # a real tensor the model reaches through a global

@@ -42,6 +42,7 @@ from torchfit._core.step import (
 )
 from torchfit._core.tensors import check_materialized
 from torchfit._core.torch_rules import autograd_of
+from torchfit.memory.kernels.cuda import CUBLAS_NOTE
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
 from torchfit.memory.step.run import run_keywords
@@ -400,7 +401,7 @@ def with_recorded_step(result: Trace) -> MemoryEstimate:
     """
     estimate = result.estimate
     return estimate.replace(
-        notes=tuple(n for n in estimate.notes if "workspaces are not in" not in n),
+        notes=tuple(n for n in estimate.notes if n != CUBLAS_NOTE),
         outline=result.recorded(),
     )
 
