@@ -198,14 +198,17 @@ OPTIMIZERS = {
 #: (zero_grad's set_to_none, whether the output is referenced through backward).
 #: - The 2022 Hugging Face Trainer zeroes with ``model.zero_grad()``, PyTorch 1.x's
 #:   default set_to_none=False, and computes the loss in ``compute_loss`` (outputs dropped).
-#: - Lit-GPT's finetune/lora.py keeps ``logits`` in scope across ``fabric.backward``.
+#: - Lit-GPT's finetune/lora.py keeps ``logits`` in scope across ``fabric.backward``, and
+#:   the Fabric-wrapped model hands them back in fp32: every Fabric precision plugin casts
+#:   a module's floating outputs to the default dtype (``convert_output`` in
+#:   lightning/fabric/plugins/precision/half.py, amp.py and bitsandbytes.py, since 2.1.0).
 #: - torchtune's recipes ``del logits`` before backward.
 #: - rasbt/pytorch-memory-optim's plain PyTorch / Fabric loops are traced as written
 #:   (published_models.rasbt_step): zero_grad between forward and backward.
 LOOPS: dict[str, dict[str, bool]] = {
     "transformers Trainer": {"set_to_none": False, "keep_output": False},
-    "Lit-GPT": {"set_to_none": True, "keep_output": True},
-    "litgpt": {"set_to_none": True, "keep_output": True},
+    "Lit-GPT": {"set_to_none": True, "keep_output": True, "fp32_output": True},
+    "litgpt": {"set_to_none": True, "keep_output": True, "fp32_output": True},
     "torchtune": {"set_to_none": True, "keep_output": False},
     # Trainer of late 2024 (transformers 4.46-4.48, trainer.py _inner_training_loop):
     # model.zero_grad() after each optimizer step (torch 2's set_to_none=True), and

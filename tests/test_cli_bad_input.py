@@ -89,6 +89,7 @@ FLAGS: dict[tuple[str, str], Flag | None] = {
     ("plan", "--attn"): NAME, ("plan", "--trace"): SWITCH, ("plan", "--device-map"): SWITCH,
     ("plan", "--precision"): NAME, ("plan", "--accumulate"): COUNT,
     ("plan", "--zero-grad-in-place"): SWITCH, ("plan", "--keep-output"): SWITCH,
+    ("plan", "--fp32-output"): SWITCH,
     ("plan", "--time"): SWITCH,
     ("plan", "--optimizer-in-backward"): SWITCH, ("plan", "--cuda-version"): VERSION,
     ("plan", "--context"): SIZE, ("plan", "--lora-rank"): COUNT,

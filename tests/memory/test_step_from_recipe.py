@@ -228,7 +228,7 @@ def test_a_litgpt_qlora_config_is_read_as_finetune_lora_runs_it(tmp_path):
     assert step.quantize_head and step.base_dtype == "fp16" and not step.kbit_prepared
     assert step.optimizer == "paged-adamw"  # instantiate_bnb_optimizer
     assert (step.batch_size, step.gradient_accumulation_steps, step.seq_len) == (2, 4, 512)
-    assert step.keep_output and step.loss_chunk_size == 128
+    assert step.keep_output and step.fp32_output and step.loss_chunk_size == 128
     assert (step.lora_rank, step.lora_dropout, step.lora_targets) == (32, 0.05, ("query", "value"))
 
 
@@ -256,6 +256,7 @@ def test_a_litgpt_full_fine_tune_trains_every_weight_with_a_note():
     with pytest.warns(NotModelledWarning, match="128 rows at a time"):
         step = Step.from_recipe(config)
     assert not step.wants_lora and step.loss_chunk_size is None and step.keep_output
+    assert step.fp32_output  # Fabric casts the logits for the full fine-tune too
 
 
 # --- what a config is --------------------------------------------------------------------

@@ -220,12 +220,18 @@ class Loop:
         optimizer_in_backward: Each parameter steps from its post-accumulate-grad hook
             and its gradient is freed there (torchtune's ``optimizer_in_bwd``), so no
             moment holds every gradient; there is no separate optimizer step.
+        fp32_output: The loop casts the forward's floating outputs to fp32 before the
+            loss, as Lightning Fabric's wrapped module does (every precision plugin's
+            ``convert_output``; LitGPT's and Lit-GPT's scripts): the logits the loss
+            reads, and keeps, are fp32. For the estimators; `run_step` runs the loss as
+            given (a traced or measured loop casts in its own ``loss_fn``).
     """
 
     accumulation_steps: int = 1
     set_to_none: bool = True
     keep_output: bool = True
     optimizer_in_backward: bool = False
+    fp32_output: bool = False
 
     def __post_init__(self) -> None:
         """Refuse a non-integer or non-positive accumulation and non-bool flags."""
@@ -236,7 +242,7 @@ class Loop:
             raise ValueError(
                 f"gradient_accumulation_steps must be >= 1; got {steps} (1 means no accumulation)"
             )
-        for name in ("set_to_none", "keep_output", "optimizer_in_backward"):
+        for name in ("set_to_none", "keep_output", "optimizer_in_backward", "fp32_output"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if self.optimizer_in_backward and steps > 1:

@@ -188,6 +188,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         set_to_none=step.set_to_none,
         keep_output=step.keep_output,
         optimizer_in_backward=step.optimizer_in_backward,
+        fp32_output=step.fp32_output,
     )
     optimizer_in_backward = step.optimizer_in_backward
     resolved = resolve_model(model)
@@ -211,6 +212,7 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
         refuse_for_meta_pass(
             lora=wants_lora and (config is None or is_vision(config)),
             chunked=loss_chunk_size is not None and (config is None or is_vision(config)),
+            fp32_output=step.fp32_output and (config is None or is_vision(config)),
         )
     if step.quantization is not None and (config is None or is_vision(config)):
         raise ValueError(

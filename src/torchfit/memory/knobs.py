@@ -81,6 +81,7 @@ def loop_of(
     keep_output: bool,
     in_backward: bool,
     loss_chunk: int | None,
+    fp32_output: bool = False,
 ) -> Loop:
     """The loop knobs of `estimate`, checked together.
 
@@ -95,6 +96,7 @@ def loop_of(
         set_to_none=set_to_none,
         keep_output=keep_output,
         optimizer_in_backward=in_backward,
+        fp32_output=fp32_output,
     )
     if loss_chunk is not None and (isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int)):
         raise TypeError(f"loss_chunk_size must be an int or None; got {loss_chunk!r}")
@@ -120,16 +122,17 @@ def lora_of(
     )
 
 
-def refuse_for_meta_pass(*, lora: bool, chunked: bool) -> None:
+def refuse_for_meta_pass(*, lora: bool, chunked: bool, fp32_output: bool = False) -> None:
     """A meta-pass estimate has no LoRA or chunked-loss model: say so rather than ignore it."""
     if lora:
         raise ValueError(
             "lora=/lora_rank=/lora_targets= need a transformers config of a family with a "
             "closed form; for this model pass trainable_params=, or trace the peft model"
         )
-    if chunked:
+    if chunked or fp32_output:
+        name = "loss_chunk_size" if chunked else "fp32_output"
         raise ValueError(
-            "loss_chunk_size is modelled for transformers language models only (the loss of "
+            f"{name} is modelled for transformers language models only (the loss of "
             "any other model is its own code); for this model trace your own training step "
             "with torchfit.memory.trace_step"
         )
@@ -351,8 +354,14 @@ def check_step(step: Any) -> bool:
         keep_output=step.keep_output,
         in_backward=step.optimizer_in_backward,
         loss_chunk=step.loss_chunk_size,
+        fp32_output=step.fp32_output,
     )
     check_generation(step.max_new_tokens, mode=step.mode, use_cache=step.use_cache)
+    if step.fp32_output and parse_mode(step.mode) is not Mode.TRAIN:
+        raise ValueError(
+            "fp32_output=True describes a training loop's loss over fp32 logits, but "
+            f"mode={step.mode!r}; leave fp32_output out for inference"
+        )
     check_base_dtype(
         step.base_dtype,
         weights=step.numerics.weights,

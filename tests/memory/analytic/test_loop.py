@@ -11,6 +11,7 @@ import gc
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map_only
 
 from torchfit._core.in_backward import fused_if_asked
 from torchfit._core.step import Loop, Mode, make_optimizer, run_step
@@ -221,3 +222,30 @@ def test_checkpointing_recomputes_a_block_only_after_the_loss_gradients_are_gone
     kept = 16 * 8 * 2048 * 2048 * 2
     assert small.peak_at == "start of backward"
     assert small.activations == kept + small.layers[0].activations
+
+
+class _FabricModule(torch.nn.Module):
+    """Lightning Fabric's wrapped module: the floating outputs come back in fp32
+    (every Fabric precision plugin's ``convert_output``)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **inputs):
+        def fp32(tensor):
+            return tensor.float() if tensor.is_floating_point() else tensor
+
+        return tree_map_only(torch.Tensor, fp32, self.inner(**inputs))
+
+
+def test_logits_the_loop_casts_to_fp32_move_the_estimate_as_the_step():
+    config, model = _llama(torch.bfloat16)
+    kept = Loop(keep_output=True)
+    base_real = _measured(model, "adamw", kept)
+    real = _measured(_FabricModule(model), "adamw", kept)
+    base = _estimated(config, "adamw", kept, precision="bf16-true")
+    predicted = _estimated(config, "adamw", kept, precision="bf16-true", fp32_output=True)
+    _close(predicted, real)
+    assert real > base_real
+    assert abs((predicted - base) - (real - base_real)) <= 0.15 * (real - base_real)

@@ -7,6 +7,7 @@ backward, each against the real CPU step run with the same loop (`measure_step`)
 import pytest
 import torch
 
+from torchfit import Step
 from torchfit.memory import estimate, measure_step, trace
 
 KNOBS = [
@@ -69,6 +70,17 @@ def test_a_chunked_loss_is_refused_where_the_loss_is_the_models_own():
         ValueError, match="loss_chunk_size is modelled for transformers language models"
     ):
         estimate(_mlp(64, 1), batch_size=2, input_shape=(64,), loss_chunk_size=8)
+
+
+def test_fp32_logits_are_refused_where_the_loss_is_the_models_own_or_there_is_none():
+    with pytest.raises(ValueError, match="fp32_output is modelled for transformers language"):
+        estimate(_mlp(64, 1), batch_size=2, input_shape=(64,), fp32_output=True)
+    with pytest.raises(ValueError, match="fp32_output=True describes a training loop"):
+        estimate("gpt2", seq_len=64, mode="inference", fp32_output=True)
+    with pytest.raises(ValueError, match=r"Step\(fp32_output=True\) describes"):
+        trace(_mlp(64, 1), torch.randn(4, 64), step=Step(fp32_output=True, batch_size=4))
+    with pytest.raises(TypeError, match="fp32_output must be True or False; got 'yes'"):
+        Step(fp32_output="yes")
 
 
 def test_the_trace_says_the_step_ran_per_parameter():

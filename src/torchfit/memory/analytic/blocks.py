@@ -141,11 +141,11 @@ def loss_bytes(spec: TransformerSpec, s: BlockSettings) -> tuple[Term, float]:
     ``nll_loss`` is cast to fp32, so a 16-bit log-softmax and its fp32 copy are kept and
     the copy is freed before log_softmax's backward (measured on an H200: a BERT MLM fp16
     step held exactly those three at its peak). CPU autocast casts ``cross_entropy_loss``
-    as a whole to fp32: the fp32 path. Returns the saved `Term` and the bytes of gradients
-    alive with it, both per token.
+    as a whole to fp32: the fp32 path, as are logits the loop cast to fp32
+    (``s.fp32_logits``). Returns the saved `Term` and the gradients alive with it, per token.
     """
     v, e = spec.vocab, s.dtype.itemsize
-    upcast = s.autocast and s.device != "cuda"
+    upcast = (s.autocast and s.device != "cuda") or s.fp32_logits
     if spec.family in {Family.GPT2, Family.LLAMA} or e == FP32 or upcast:
         return Term("log-softmax of the logits (fp32)", v * FP32), 2 * v * FP32
     if s.autocast:

@@ -36,6 +36,8 @@ class BlockSettings:
     ``head_trains``: over a frozen base, the head trains anyway (a ``modules_to_save`` copy).
     ``mean_keeps_input``: torch before 2.2, whose ``torch.mean`` keeps its input
     (`torchfit._core.torch_rules`): each RMSNorm keeps its fp32 square too.
+    ``fp32_logits``: the loop casts the logits to fp32 before the loss (Lightning
+    Fabric's ``convert_output``): the loss runs, and saves, in fp32.
     """
 
     dtype: DType
@@ -50,6 +52,7 @@ class BlockSettings:
     fp32_linear_outputs: bool = False
     head_trains: bool = False
     mean_keeps_input: bool = False
+    fp32_logits: bool = False
 
     def keeps_input(self, *roles: str) -> bool:
         """Whether a Linear of these roles keeps its input for backward.

@@ -185,12 +185,19 @@ def inputs_kept(weights: DType, version: str | None, *, training: bool) -> bool:
     return training and weights.bits == 4 and keeps_4bit_input(version)
 
 
-def kept_output(loop: Loop, logits: float, notes: list[str]) -> int:
-    """The logits the caller keeps referenced through backward (16-bit under autocast)."""
+def kept_output(loop: Loop, logits: int, itemsize: float, notes: list[str]) -> int:
+    """Bytes of the ``logits`` (elements) the caller keeps referenced through backward.
+
+    In the compute dtype's ``itemsize`` (16-bit under autocast), or fp32 where the loop
+    casts them (``loop.fp32_output``: Lightning Fabric's wrapped module).
+    """
+    if loop.fp32_output:
+        notes.append("the loop casts the logits to fp32 before the loss (Lightning Fabric)")
+        itemsize = DType.FP32.itemsize
     if not loop.keep_output:
         return 0
     notes.append("the forward's output (the logits) is kept through backward")
-    return math.ceil(logits)
+    return math.ceil(logits * itemsize)
 
 
 def kept_gradients(loop: Loop, gradients: int, notes: list[str]) -> int:

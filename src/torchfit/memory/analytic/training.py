@@ -225,7 +225,7 @@ def training_peak(
         logits_kept=loop.keep_output,
     )
     backward_start = _chunked_note(max(backward_start, chunked), chunked, notes)
-    backward_start += kept_output(loop, tokens * spec.vocab * compute.itemsize, notes)
+    backward_start += kept_output(loop, tokens * spec.vocab, compute.itemsize, notes)
     kept_grads = kept_gradients(loop, states.gradients, notes)
     elem = elem_of(mixed, compute)
     step_temp = _step_temporaries(
@@ -296,6 +296,7 @@ def training_peak(
         or spec.moe is not None
         or kept_grads
         or loop.keep_output
+        or loop.fp32_output
         else _outline(
             spec,
             settings,

@@ -186,6 +186,7 @@ def estimate_transformer(
         fp32_linear_outputs=weights_format.is_quantized,
         head_trains=lora is not None and "head" in lora.saved,
         mean_keeps_input=mean_keeps_input(torch_version),
+        fp32_logits=loop is not None and loop.fp32_output,
     )
     notes += _settings_notes(settings, prepared=prepared, checkpointing=gradient_checkpointing)
     loading, dequantized, decoding = (0, 0, 0)

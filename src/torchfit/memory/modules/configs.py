@@ -158,11 +158,7 @@ def by_meta_pass(
         found = found.replace(notes=(*found.notes, note))
     if training and tokens and head is not None:
         vocab = int(head.weight.shape[0])
-        kept = (
-            _output_bytes(model, batch, parse_dtype(options["dtype"]))
-            if options["loop"].keep_output
-            else 0
-        )
+        kept = _output_bytes(model, batch, options) if options["loop"].keep_output else 0
         found = _with_loss_gradients(
             found,
             2 * tokens * vocab * FP32,
@@ -290,16 +286,21 @@ def _cache_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
     return _float_bytes(getattr(output, "past_key_values", None), dtype)
 
 
-def _output_bytes(model: nn.Module, batch: dict[str, Any], dtype: DType) -> int:
+def _output_bytes(model: nn.Module, batch: dict[str, Any], options: dict[str, Any]) -> int:
     """Bytes of the floating-point tensors a training forward returns, but the loss.
 
     One more forward on meta tensors; the model is built in fp32, so sizes are scaled to
-    the compute dtype.
+    the compute dtype, the logits to fp32 where the loop casts them (Lightning Fabric's
+    ``convert_output``, which leaves a cache object as it is).
     """
     with torch.no_grad(), transformers_without_data():
         output = model(**batch)
-    parts = [v for k, v in output.items() if k != "loss"] if isinstance(output, dict) else [output]
-    return _float_bytes(parts, dtype)
+    dtype = parse_dtype(options["dtype"])
+    if not isinstance(output, dict):
+        return _float_bytes([output], DType.FP32 if options["loop"].fp32_output else dtype)
+    logits = DType.FP32 if options["loop"].fp32_output else dtype
+    parts = [v for k, v in output.items() if k not in {"loss", "logits"}]
+    return _float_bytes(parts, dtype) + _float_bytes([output.get("logits")], logits)
 
 
 def _float_bytes(value: Any, dtype: DType) -> int:

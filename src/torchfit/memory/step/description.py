@@ -2,16 +2,15 @@
 """`Step`: one training or inference step, described once, checked where it is made.
 
 Precision has one vocabulary, Lightning's (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``,
-``"bf16-true"``, ``"16-true"``), plus ``quantization`` for a 4/8-bit base and
-``base_dtype`` for the dtype a frozen or quantized base is held or quantized in. Each
-field carries the ``torchfit plan`` flag and help that set it.
+``"bf16-true"``, ``"16-true"``), plus ``quantization`` (a 4/8-bit base) and ``base_dtype``
+(a frozen or quantized base's). Each field carries its ``torchfit plan`` flag and help.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from torchfit._core import checks
 from torchfit._core.optimizers import parse_optimizer
@@ -178,6 +177,9 @@ class Step:
         kind="count",
         help="the loss is computed N positions at a time (torchtune's chunked CE, LitGPT: 128)",
     )
+    fp32_output: bool = step_field(
+        default=False, flag="--fp32-output", help="the loop casts the logits to fp32 (Fabric)"
+    )
     # what trains
     trainable_params: int | None = step_field(
         default=None,
@@ -213,8 +215,6 @@ class Step:
         default="cuda", help="cuda (default) or cpu: kernel choices and dropout masks differ"
     )
 
-    _DEVICES: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
-
     def __post_init__(self) -> None:  # noqa: C901 - one check per field, in order
         """Normalize the spellings and check the fields together."""
         if isinstance(self.lora_targets, Sequence) and not isinstance(self.lora_targets, str):
@@ -228,7 +228,7 @@ class Step:
         checks.fields(self, **{k: v for k, v in knobs.ESTIMATE_RULES.items() if k in FIELD_NAMES})
         set_ = object.__setattr__
         set_(self, "mode", parse_mode(self.mode).value)
-        if self.device not in self._DEVICES:
+        if self.device not in {"cuda", "cpu"}:
             raise ValueError(f"device must be 'cuda' or 'cpu'; got {self.device!r}")
         if self.quantization is not None:
             fmt = parse_dtype(self.quantization)

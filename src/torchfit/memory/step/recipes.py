@@ -20,8 +20,9 @@ autocast, the loss taken in chunks, a 4-bit base that keeps its embeddings and n
   Linear, the head included, with Fabric's ``BitsandbytesPrecision`` from fp16, and trains
   with ``bitsandbytes.optim.PagedAdamW``; LoRA runs the head 128 positions at a time
   (``lm_head_chunk_size=128``) and keeps the logits referenced through
-  ``fabric.backward``; the accumulation is ``global_batch_size // devices //
-  micro_batch_size``.
+  ``fabric.backward``, in fp32 (Fabric's wrapped model casts its outputs to the default
+  dtype: every precision plugin's ``convert_output``); the accumulation is
+  ``global_batch_size // devices // micro_batch_size``.
 """
 
 from __future__ import annotations
@@ -345,6 +346,7 @@ def _litgpt(data: Mapping[str, Any], *, seq_len: int | None) -> StepFields:
     if train.get("max_seq_length") is not None:
         _cap(read, "train.max_seq_length", train["max_seq_length"], seq_len)
     read.set("fabric.backward(loss) with the logits still referenced", keep_output=True)
+    read.set("Fabric's wrapped model returns the logits in fp32", fp32_output=True)
     if lora:
         _litgpt_lora(data, read)
     else:

@@ -47,6 +47,7 @@ _MODEL_FIELDS = {
     "bitsandbytes_version": "load the model quantized",
     "attn_implementation": "load the model with attn_implementation=...",
     "loss_chunk_size": "compute the loss in chunks in loss_fn",
+    "fp32_output": "cast the output to fp32 in loss_fn, as Lightning Fabric's module does",
     "max_new_tokens": "trace your generate loop with trace_step",
     "use_cache": "pass use_cache in the inputs",
 }
