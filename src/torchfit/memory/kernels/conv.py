@@ -31,7 +31,7 @@ from torchfit.memory.kernels.onednn_groups import (
     grouped_scratch,
 )
 from torchfit.memory.kernels.onednn_nhwc import avx2_modelled, backward_scratch_nhwc
-from torchfit.memory.kernels.tensors import channels_last, copy_if_strided, dense_bytes
+from torchfit.memory.kernels.tensors import channels_last, copy_if_strided, dense_bytes, pointwise
 
 __all__ = ["conv_backend", "conv_backward", "conv_forward"]
 
@@ -117,10 +117,6 @@ def _unit_1x1(cpu: CpuMachine, args: Sequence[Any], out_shape: Sequence[int]) ->
     )
 
 
-def _is_pointwise(w: torch.Tensor, stride: Sequence[int], padding: Sequence[int]) -> bool:
-    return all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)
-
-
 def conv_forward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """``aten.convolution``: oneDNN's blocked reorders, or ATen's im2col columns."""
     del kwargs
@@ -160,7 +156,7 @@ def conv_forward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any],
         return peak - sizes["out"]
     if backend in _SLOW:
         # im2col columns: 1x4x8x8 k3 p1 -> 9,216 B measured = N*Cin*k*k*Ho*Wo*4.
-        return 0 if _is_pointwise(w, stride, padding) else sizes["cols"]
+        return 0 if pointwise(w, stride, padding) else sizes["cols"]
     return 0
 
 
@@ -359,6 +355,6 @@ def conv_backward(cpu: CpuMachine, args: tuple[Any, ...], kwargs: dict[str, Any]
         return copy + max(stage_data, stage_weights) - outputs
     if backend in _SLOW:
         # Measured 1x4x8x8 k3 p1: 9,216 B over the outputs, the im2col columns again.
-        cols = 0 if _is_pointwise(w, stride, padding) else sizes["cols"]
+        cols = 0 if pointwise(w, stride, padding) else sizes["cols"]
         return copy + cols
     return copy

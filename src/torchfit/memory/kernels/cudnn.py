@@ -43,12 +43,11 @@ autocast, 88.4 MiB where the rules give 78.4).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from torchfit.memory.kernels.tensors import dense_bytes
+from torchfit.memory.kernels.tensors import dense_bytes, pointwise
 
 __all__ = ["CHANNEL_MULTIPLE", "SPLIT_K", "WEIGHT_PARTIALS", "convolution_workspaces"]
 
@@ -66,10 +65,6 @@ SPLIT_K = 64
 #: What a weight gradient's workspace holds beyond the NHWC copies: its partial sums
 #: (recorded 6.75 to 8.25 MiB, 2 MiB for the smallest weights, 18 MiB for the stem).
 WEIGHT_PARTIALS = 8 * 2**20
-
-
-def _pointwise(w: torch.Tensor, stride: Sequence[int], padding: Sequence[int]) -> bool:
-    return all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)
 
 
 def _transposed_by_cudnn(x: torch.Tensor, transposed: bool, groups: int) -> bool:  # noqa: FBT001
@@ -125,7 +120,7 @@ def convolution_workspaces(func: Any, args: tuple[Any, ...], out: Any) -> tuple[
     """
     if func is aten.convolution.default:
         x, w, _bias, stride, padding, _dilation, transposed, _op, groups = args[:9]
-        if not _transposed_by_cudnn(x, transposed, groups) or _pointwise(w, stride, padding):
+        if not _transposed_by_cudnn(x, transposed, groups) or pointwise(w, stride, padding):
             return ()
         return (_copies(x, w, out),)
     if func is aten.convolution_backward.default:
@@ -135,7 +130,7 @@ def convolution_workspaces(func: Any, args: tuple[Any, ...], out: Any) -> tuple[
         if not _transposed_by_cudnn(x, transposed, groups):
             return ()
         copies = _copies(x, w, grad_out)
-        if _pointwise(w, stride, padding):
+        if pointwise(w, stride, padding):
             return (min(SPLIT_K * w.numel() * 4, copies),) if mask[1] else ()
         data = (copies,) if mask[0] else ()
         return (*data, copies + WEIGHT_PARTIALS) if mask[1] else data

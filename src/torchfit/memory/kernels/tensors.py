@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["acc_size", "blas_ok", "channels_last", "copy_if_strided", "dense_bytes"]
+__all__ = [
+    "acc_size",
+    "blas_ok",
+    "channels_last",
+    "copy_if_strided",
+    "dense_bytes",
+    "pointwise",
+]
 
 
 def dense_bytes(tensor: torch.Tensor) -> int:
@@ -66,3 +75,15 @@ def blas_ok(tensor: object) -> bool:
     rows, cols = tensor.shape[-2], tensor.shape[-1]
     s_rows, s_cols = tensor.stride(-2), tensor.stride(-1)
     return (s_cols == 1 and s_rows >= max(1, cols)) or (s_rows == 1 and s_cols >= max(1, rows))
+
+
+def pointwise(weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int]) -> bool:
+    """A 1x1 convolution with unit stride and no padding: one matmul per image.
+
+    Example:
+        >>> w = torch.empty(8, 4, 1, 1, device="meta")
+        >>> pointwise(w, [1, 1], [0, 0]), pointwise(w, [2, 2], [0, 0])
+        (True, False)
+    """
+    unit = all(k == 1 for k in weight.shape[2:]) and all(s == 1 for s in stride)
+    return unit and not any(padding)
