@@ -255,6 +255,19 @@ def test_a_trainer_gives_its_precision_and_accumulation(trainer):
     assert merge_fields(read, {"precision": "bf16"})["precision"] == "bf16"
 
 
+def test_a_fabric_gives_its_precision_and_the_fp32_outputs_of_its_module():
+    fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="bf16-true")
+    read = lightning_fields(fabric)
+    assert read.fields == {"precision": "bf16-true", "fp32_output": True}
+    # what the field says: the module fabric.setup returns computes in bf16, returns fp32
+    module = fabric.setup(torch.nn.Linear(4, 4))
+    assert module.weight.dtype == torch.bfloat16
+    assert module(torch.zeros(2, 4)).dtype == torch.float32
+    step = Step.from_lightning(fabric, batch_size=2, seq_len=64, keep_output=True)
+    plain = step.replace(fp32_output=False)
+    assert estimate(_llama(), step).total > estimate(_llama(), plain).total
+
+
 def test_a_trainer_step_estimates_as_the_keywords_do(trainer):
     step = Step.of(**merge_fields(lightning_fields(trainer), {"batch_size": 2, "seq_len": 64}))
     same = estimate(

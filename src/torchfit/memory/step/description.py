@@ -369,10 +369,10 @@ class Step:
 
     @classmethod
     def from_lightning(cls, trainer_or_precision: Any, **fields: Any) -> Step:
-        """A `Step` from a Lightning ``Trainer`` (or its ``precision=`` value).
+        """A `Step` from a Lightning ``Trainer``, a ``Fabric`` or a ``precision=`` value.
 
-        Read: the precision (legacy spellings such as ``16`` or ``"bf16"`` as Lightning
-        reads them; a bitsandbytes plugin's 4/8-bit base) and ``accumulate_grad_batches``.
+        Read: the precision (``16``, ``"bf16"`` as Lightning reads them; a bitsandbytes
+        plugin's 4/8-bit base), ``accumulate_grad_batches``, Fabric's fp32 outputs.
 
         Example:
             >>> Step.from_lightning("bf16", batch_size=8, seq_len=1024).precision

@@ -1,4 +1,4 @@
-"""`lightning_fields`: the `Step` fields of a Lightning ``Trainer`` or precision.
+"""`lightning_fields`: the `Step` fields of a Lightning ``Trainer``, ``Fabric`` or precision.
 
 Sources: lightning 2.6, ``fabric/plugins/precision/precision.py`` (the precision inputs),
 ``fabric/connector.py`` (how they resolve) and ``fabric/plugins/precision/bitsandbytes.py``.
@@ -123,12 +123,24 @@ def _accumulation(trainer: Any, read: dict[str, Any]) -> None:
     read["read_from"]["gradient_accumulation_steps"] = setting
 
 
+def _strategy_note(trainer_or_fabric: Any, read: dict[str, Any]) -> None:
+    """A strategy other than one device: a `Step` is one process's unsharded step."""
+    strategy = type(trainer_or_fabric.strategy).__name__
+    if strategy != "SingleDeviceStrategy":
+        read["notes"].append(
+            f"strategy {strategy}: a Step is one process's unsharded step; shard the "
+            "estimate with torchfit.memory.sharding.shard_estimate"
+        )
+
+
 def lightning_fields(trainer_or_precision: Any) -> StepFields:
     """The `Step` fields of a Lightning ``Trainer``, precision plugin or precision input.
 
     A ``Trainer`` gives its precision plugin's precision and ``accumulate_grad_batches``
     (``gradient_accumulation_steps``; with a ``GradientAccumulationScheduler``, its largest
-    factor); a ``BitsandbytesPrecision`` plugin gives the quantized format,
+    factor); a ``Fabric`` its precision and ``fp32_output=True`` (the module
+    ``fabric.setup`` returns hands its floating outputs back in fp32, so the loss over them
+    runs in fp32); a ``BitsandbytesPrecision`` plugin gives the quantized format,
     ``f"{dtype}-true"`` and ``base_dtype="fp16"``. A precision input is
     read as Lightning reads it: ``16`` and ``"16"`` are ``"16-mixed"``, ``"bf16"`` is
     ``"bf16-mixed"``, ``32`` is ``"32-true"``. ``"64-true"`` and ``"transformer-engine"``
@@ -137,8 +149,9 @@ def lightning_fields(trainer_or_precision: Any) -> StepFields:
     process's unsharded step.
 
     Args:
-        trainer_or_precision: A ``lightning.Trainer`` (or ``pytorch_lightning``'s), one of
-            its precision plugins, or a precision as ``Trainer(precision=...)`` takes it.
+        trainer_or_precision: A ``lightning.Trainer`` (or ``pytorch_lightning``'s), a
+            ``lightning.Fabric``, a precision plugin, or a precision as
+            ``Trainer(precision=...)`` takes it.
 
     Returns:
         The fields, where each came from, and the notes.
@@ -161,19 +174,22 @@ def lightning_fields(trainer_or_precision: Any) -> StepFields:
     elif hasattr(value, "precision_plugin") and hasattr(value, "accumulate_grad_batches"):
         _plugin_fields(value.precision_plugin, read)
         _accumulation(value, read)
-        strategy = type(value.strategy).__name__
-        if strategy != "SingleDeviceStrategy":
-            read["notes"].append(
-                f"strategy {strategy}: a Step is one process's unsharded step; shard the "
-                "estimate with torchfit.memory.sharding.shard_estimate"
-            )
+        _strategy_note(value, read)
         source = "Lightning Trainer"
+    elif any(c.__name__ == "Fabric" for c in type(value).__mro__):
+        _plugin_fields(value.strategy.precision, read)
+        # every precision plugin's convert_output casts what fabric.setup's module returns
+        # to the default dtype (fabric/wrappers.py _FabricModule.forward, lightning 2.6)
+        read["fields"]["fp32_output"] = True
+        read["read_from"]["fp32_output"] = "Fabric: setup(model) returns fp32 outputs"
+        _strategy_note(value, read)
+        source = "Lightning Fabric"
     elif any(c.__name__ == "Precision" for c in type(value).__mro__):
         _plugin_fields(value, read)
         source = f"Lightning {type(value).__name__}"
     else:
         raise TypeError(
-            f"expected a lightning.Trainer, a precision plugin or a precision such as "
+            f"expected a lightning.Trainer or Fabric, a precision plugin or a precision such as "
             f"'bf16-mixed'; got {type(value).__name__} {value!r}"
         )
     return StepFields(source=source, **{**read, "notes": tuple(read["notes"])})
