@@ -67,8 +67,8 @@ SPLIT_K = 64
 WEIGHT_PARTIALS = 8 * 2**20
 
 
-def _transposed_by_cudnn(x: torch.Tensor, transposed: bool, groups: int) -> bool:  # noqa: FBT001
-    """A 2-D, ungrouped, NCHW (plain contiguous) convolution: the case the rules cover."""
+def _covered(x: torch.Tensor, transposed: bool, groups: int) -> bool:  # noqa: FBT001
+    """The case the rules cover: a 2-D, ungrouped, not transposed, NCHW convolution."""
     return x.dim() == 4 and not transposed and groups == 1 and x.is_contiguous()
 
 
@@ -120,14 +120,14 @@ def convolution_workspaces(func: Any, args: tuple[Any, ...], out: Any) -> tuple[
     """
     if func is aten.convolution.default:
         x, w, _bias, stride, padding, _dilation, transposed, _op, groups = args[:9]
-        if not _transposed_by_cudnn(x, transposed, groups) or pointwise(w, stride, padding):
+        if not _covered(x, transposed, groups) or pointwise(w, stride, padding):
             return ()
         return (_copies(x, w, out),)
     if func is aten.convolution_backward.default:
         grad_out, x, w, _bias_sizes, stride, padding, _dilation, transposed, _op, groups, mask = (
             args[:11]
         )
-        if not _transposed_by_cudnn(x, transposed, groups):
+        if not _covered(x, transposed, groups):
             return ()
         copies = _copies(x, w, grad_out)
         if pointwise(w, stride, padding):
