@@ -75,7 +75,7 @@ BUDGET = MachineBudget(4, 4, None, 1, "test", shm_free_bytes=2**30)
 TRAIN = {
     "mode": NAME, "optimizer": NAME, "loss_fn": CALLABLE, "autocast_dtype": AUTOCAST,
     "set_to_none": FLAG, "precision": NAME, "gradient_accumulation_steps": COUNT,
-    "keep_output": FLAG, "optimizer_in_backward": FLAG,
+    "keep_output": FLAG, "optimizer_in_backward": FLAG, "fp32_output": FLAG,
 }  # fmt: skip
 ESTIMATE = {
     "model": MODEL, "batch_size": COUNT, "seq_len": COUNT, "input_shape": SHAPE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from torchfit._core.optimizers import (
     make_optimizer,
     parse_optimizer,
 )
+from torchfit._core.outputs import call_model, compute_loss, outputs_in_fp32
 from torchfit._core.units import DType, parse_dtype
 
 __all__ = [
@@ -223,8 +224,7 @@ class Loop:
         fp32_output: The loop casts the forward's floating outputs to fp32 before the
             loss, as Lightning Fabric's wrapped module does (every precision plugin's
             ``convert_output``; LitGPT's and Lit-GPT's scripts): the logits the loss
-            reads, and keeps, are fp32. For the estimators; `run_step` runs the loss as
-            given (a traced or measured loop casts in its own ``loss_fn``).
+            reads, and keeps, are fp32 (`outputs_in_fp32`).
     """
 
     accumulation_steps: int = 1
@@ -275,58 +275,6 @@ def parse_mode(value: str | Mode) -> Mode:
         raise ValueError(f"unknown mode {value!r}; expected 'train' or 'inference'") from None
 
 
-def call_model(model: Callable[..., Any], example_inputs: object) -> Any:
-    """Call ``model`` with a tensor, a tuple (positional) or a dict (keyword arguments)."""
-    if isinstance(example_inputs, Mapping):
-        return model(**example_inputs)
-    if isinstance(example_inputs, tuple | list):
-        return model(*example_inputs)
-    return model(example_inputs)
-
-
-def _sum_tensors(output: object) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output.float().sum() if output.is_floating_point() else None
-    values: Iterable[object]
-    if isinstance(output, Mapping):
-        values = output.values()
-    elif isinstance(output, tuple | list):
-        values = output
-    else:
-        return None
-    total: torch.Tensor | None = None
-    for value in values:
-        part = _sum_tensors(value)
-        if part is not None:
-            total = part if total is None else total + part
-    return total
-
-
-def compute_loss(
-    output: object, loss_fn: Callable[[Any], torch.Tensor] | None = None
-) -> torch.Tensor:
-    """The loss of a step: ``output.loss`` if present, else ``loss_fn(output)``, else a sum.
-
-    Raises:
-        ValueError: the output has no floating-point tensor to sum and no ``loss_fn`` was
-            given.
-    """
-    loss = getattr(output, "loss", None)
-    if loss is None and isinstance(output, Mapping):
-        loss = output.get("loss")
-    if isinstance(loss, torch.Tensor):
-        return loss
-    if loss_fn is not None:
-        return loss_fn(output)
-    summed = _sum_tensors(output)
-    if summed is None:
-        raise ValueError(
-            f"cannot make a loss from a model output of type {type(output).__name__}: it has "
-            "no .loss and no floating-point tensor; pass loss_fn=lambda output: ..."
-        )
-    return summed
-
-
 def run_step(
     model: nn.Module,
     example_inputs: object,
@@ -344,9 +292,10 @@ def run_step(
     With ``autocast_dtype``, ``torch.autocast`` (on the model's device) wraps forward and loss only,
     not backward or the optimizer step, as PyTorch recommends. ``loop`` says how many
     micro-batches (each on ``example_inputs``) run before the optimizer step, whether the
-    output stays referenced through backward, and ``zero_grad``'s ``set_to_none`` (which
-    then overrides ``set_to_none``). With ``loop.optimizer_in_backward`` the optimizer is
-    an `InBackward`, stepped parameter by parameter during backward.
+    output is cast to fp32 and stays referenced through backward, and ``zero_grad``'s
+    ``set_to_none`` (which then overrides ``set_to_none``). With
+    ``loop.optimizer_in_backward`` the optimizer is an `InBackward`, stepped parameter by
+    parameter during backward.
     """
     loop = Loop(set_to_none=set_to_none, keep_output=False) if loop is None else loop
     # autocast on the device the model runs on (fake tensors of a trace say "cpu")
@@ -371,6 +320,8 @@ def run_step(
         for _ in range(loop.accumulation_steps):
             with autocast:
                 output = call_model(model, example_inputs)
+                if loop.fp32_output:
+                    output = outputs_in_fp32(output)
                 loss = compute_loss(output, loss_fn)
                 if not loop.keep_output:
                     del output

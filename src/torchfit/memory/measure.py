@@ -39,7 +39,7 @@ from torchfit._core.step import (
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import format_bytes
-from torchfit.memory.step.run import run_keywords
+from torchfit.memory.step.run import check_step_device, run_keywords
 
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 
@@ -301,6 +301,7 @@ def measure_step(
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    fp32_output: bool = False,
     step: Any = None,
 ) -> Measurement[None]:
     """Measure the real steady-state peak of one step, leaving ``model`` untouched.
@@ -327,6 +328,7 @@ def measure_step(
         gradient_accumulation_steps: Micro-batches per optimizer step, as in `trace`.
         keep_output: Keep the output referenced through backward, as in `trace`.
         optimizer_in_backward: Step each parameter during backward, as in `trace`.
+        fp32_output: Cast the output to fp32 before the loss (Lightning Fabric), as in `trace`.
         step: Or the loop as a `torchfit.Step`, as `trace` takes it; its ``device`` must
             be the model's (the step runs where the model is).
 
@@ -350,12 +352,13 @@ def measure_step(
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "keep_output": keep_output,
             "optimizer_in_backward": optimizer_in_backward,
+            "fp32_output": fp32_output,
         }
         if device is not None:
             loop_keywords["device"] = device
         where = "measure_step(model, inputs, step=)"
         run = run_keywords(step, model, example_inputs, loop_keywords, where=where)
-        _check_step_device(model, run["device"], where=where)
+        check_step_device(model, run["device"], where=where)
         if mean_keeps_input(step.torch_version) != mean_keeps_input():
             raise ValueError(
                 f"{where} runs under the installed torch {torch.__version__}, whose autograd "
@@ -370,6 +373,7 @@ def measure_step(
         set_to_none=set_to_none,
         keep_output=keep_output,
         optimizer_in_backward=optimizer_in_backward,
+        fp32_output=fp32_output,
     )
     if cast is not None and isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
@@ -406,15 +410,3 @@ def measure_step(
         gc.collect()
         tracked = (work, getattr(step_opt, "optimizers", step_opt), example_inputs)
         return measure_peak(step, track=tracked, device=device)
-
-
-def _check_step_device(model: nn.Module, device: str, *, where: str) -> None:
-    """A `Step`'s device is where the model's parameters are (where a measured step runs)."""
-    param = next(iter(model.parameters()), None)
-    actual = None if param is None else param.device.type
-    if actual is not None and actual != device:
-        raise ValueError(
-            f"{where}: Step(device={device!r}) but the model is on {actual!r}: a measured "
-            f"step runs where the model is; pass step.replace(device={actual!r}) or move "
-            "the model"
-        )

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from torchfit._core.imports import require
-from torchfit._core.step import OptimizerName, call_model, compute_loss
+from torchfit._core.outputs import call_model, compute_loss
+from torchfit._core.step import OptimizerName
 from torchfit._core.units import DType
 from torchfit.memory.catalog.build import transformers_without_data
 from torchfit.memory.kernels.autocast import cuda_autocast_on_cpu

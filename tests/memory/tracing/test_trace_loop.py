@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from torchfit import Step
 from torchfit.memory import measure_step, trace
 
 transformers = pytest.importorskip("transformers")
@@ -35,8 +36,9 @@ def _gpt2():
         dict(set_to_none=False, gradient_accumulation_steps=3, keep_output=True),
         dict(precision="bf16-true"),
         dict(precision="32-true", keep_output=True),
+        dict(precision="bf16-true", keep_output=True, fp32_output=True),
     ],
-    ids=["output-kept", "accumulate", "all-loop", "bf16-true", "fp32"],
+    ids=["output-kept", "accumulate", "all-loop", "bf16-true", "fp32", "fabric"],
 )
 def test_trace_is_exact_for_the_loop_it_is_told(knobs):
     model, inputs = _gpt2()
@@ -150,3 +152,12 @@ def test_an_fp32_mixture_of_experts_traces_exactly():
     traced = trace(model, inputs, device="cpu").total
     measured = measure_step(model, inputs, device="cpu").peak
     assert abs(traced - measured) <= 64
+
+
+def test_a_step_with_fp32_outputs_traces_as_its_keywords():
+    model, inputs = _gpt2()
+    loop = dict(precision="bf16-true", keep_output=True, fp32_output=True)
+    step = Step(batch_size=4, device="cpu", **loop)
+    by_step = trace(model, inputs, step=step)
+    assert by_step.total == trace(model, inputs, device="cpu", **loop).total
+    assert by_step.total > trace(model, inputs, step=step.replace(fp32_output=False)).total

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torchfit._core import checks
-from torchfit._core.step import compute_loss
+from torchfit._core.outputs import compute_loss
 from torchfit._core.tensors import check_materialized
 from torchfit._core.units import DType, format_bytes, parse_dtype
 from torchfit.memory.kernels.calls import CallRecorder, KernelCall

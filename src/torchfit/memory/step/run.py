@@ -1,11 +1,11 @@
 """A `Step` as the keywords of a run of the user's own model (`trace`, `measure_step`).
 
 The model and the batch are the user's there, so a `Step` gives the loop: mode,
-optimizer, precision, ``zero_grad``, accumulation, the output kept, the optimizer in
-backward, and the device to predict. Its fields that describe the model (LoRA, a 4/8-bit
-base, the trainable parameters, attention, chunked loss, generation) cannot apply to a
-model that is already built: a set one is refused, never ignored. Its batch and sample,
-when set, must be the inputs'.
+optimizer, precision, ``zero_grad``, accumulation, the output kept (and cast to fp32),
+the optimizer in backward, and the device to predict. Its fields that describe the model
+(LoRA, a 4/8-bit base, the trainable parameters, attention, chunked loss, generation)
+cannot apply to a model that is already built: a set one is refused, never ignored. Its
+batch and sample, when set, must be the inputs'.
 
 This module reads a `Step` by its fields only and imports no other part of torchfit, so
 the lowest stages (`measure_step`) can take one.
@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RUN_DEFAULTS", "run_keywords"]
+__all__ = ["RUN_DEFAULTS", "check_step_device", "run_keywords"]
 
 #: The loop keywords of `trace` and `measure_step` a `Step` gives, with their defaults.
 RUN_DEFAULTS: dict[str, Any] = {
@@ -29,6 +29,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_steps": 1,
     "keep_output": False,
     "optimizer_in_backward": False,
+    "fp32_output": False,
 }
 
 #: `Step` fields that describe the model, not the loop, and what to do instead.
@@ -47,7 +48,6 @@ _MODEL_FIELDS = {
     "bitsandbytes_version": "load the model quantized",
     "attn_implementation": "load the model with attn_implementation=...",
     "loss_chunk_size": "compute the loss in chunks in loss_fn",
-    "fp32_output": "cast the output to fp32 in loss_fn, as Lightning Fabric's module does",
     "max_new_tokens": "trace your generate loop with trace_step",
     "use_cache": "pass use_cache in the inputs",
 }
@@ -117,6 +117,7 @@ def run_keywords(
         "gradient_accumulation_steps": step.gradient_accumulation_steps,
         "keep_output": step.keep_output,
         "optimizer_in_backward": step.optimizer_in_backward,
+        "fp32_output": step.fp32_output,
         "device": step.device,
     }
 
@@ -152,3 +153,15 @@ def _first_tensor(inputs: object) -> Any:
     if isinstance(inputs, (tuple, list)):
         return next((t for t in map(_first_tensor, inputs) if t is not None), None)
     return None
+
+
+def check_step_device(model: Any, device: str, *, where: str) -> None:
+    """A `Step`'s device is where the model's parameters are (where a measured step runs)."""
+    param = next(iter(model.parameters()), None)
+    actual = None if param is None else param.device.type
+    if actual is not None and actual != device:
+        raise ValueError(
+            f"{where}: Step(device={device!r}) but the model is on {actual!r}: a measured "
+            f"step runs where the model is; pass step.replace(device={actual!r}) or move "
+            "the model"
+        )

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
 from torchfit._core.tensors import reachable_tensors
 
-__all__ = ["fake_copy", "reachable_tensors"]
+__all__ = ["check_no_quantized_parameters", "fake_copy", "reachable_tensors"]
 
 
 class _Faker:
@@ -89,3 +89,16 @@ def fake_copy(objects: tuple[Any, ...], fake_mode: FakeTensorMode) -> tuple[Any,
     with FakeCopyMode(fake_mode):
         copied: tuple[Any, ...] = copy.deepcopy(objects, memo)
     return copied
+
+
+def check_no_quantized_parameters(model: nn.Module) -> None:
+    """Refuse bitsandbytes' parameter subclasses, which cannot become fake tensors."""
+    for name, param in model.named_parameters():
+        kind = type(param)
+        if kind.__module__.startswith("bitsandbytes"):
+            raise TypeError(
+                f"parameter {name!r} is a bitsandbytes {kind.__name__} (a 4/8-bit layer), "
+                "which trace cannot copy to fake tensors. Estimate the quantized model with "
+                "torchfit.memory.estimate(config, dtype='nf4' or 'int8', trainable_params=...), "
+                "or measure a real step with measure_step(model, inputs)"
+            )

@@ -46,7 +46,7 @@ from torchfit.memory.kernels.cuda import CUBLAS_NOTE
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
 from torchfit.memory.step.run import run_keywords
-from torchfit.memory.tracing.fake import reachable_tensors
+from torchfit.memory.tracing.fake import check_no_quantized_parameters, reachable_tensors
 from torchfit.memory.tracing.result import Trace
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
 
@@ -122,6 +122,21 @@ def _model_baseline(
     return baseline
 
 
+def _training_loop(loop: Loop, optimizer: str) -> str:
+    """The traced training loop in words, for the notes."""
+    micro = f"{loop.accumulation_steps} x (forward, loss, backward)"
+    passes = "forward, loss, backward" if loop.accumulation_steps == 1 else micro
+    describe = f"{passes}, {optimizer} step, zero_grad(set_to_none={loop.set_to_none})"
+    if loop.fp32_output:
+        describe += "; the output cast to fp32 before the loss (Lightning Fabric)"
+    if loop.keep_output:
+        describe += "; the output kept through backward"
+    if loop.optimizer_in_backward:
+        fused = f", {optimizer} stepped per parameter in backward"
+        describe = describe.replace(f", {optimizer} step", fused)
+    return describe
+
+
 @checks.arguments(
     model=checks.model(),
     example_inputs=checks.inputs(),
@@ -143,6 +158,7 @@ def trace_events(
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    fp32_output: bool = False,
 ) -> Trace:
     """Trace one step of ``model`` and return everything: estimate, events, storages.
 
@@ -159,7 +175,7 @@ def trace_events(
         'alloc'
     """
     check_materialized(model, what="trace")
-    _check_no_quantized_parameters(model)
+    check_no_quantized_parameters(model)
     cast, autocast_dtype = precision_dtypes(precision, autocast_dtype)
     if cast is not None and isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
@@ -171,6 +187,7 @@ def trace_events(
         set_to_none=set_to_none,
         keep_output=keep_output,
         optimizer_in_backward=optimizer_in_backward,
+        fp32_output=fp32_output,
     )
     step_mode = parse_mode(mode)
     target = parse_trace_device(device)
@@ -207,14 +224,7 @@ def trace_events(
     )
     if training:
         what = type(fake_opt).__name__ if fake_opt is not None else "no optimizer"
-        micro = f"{loop.accumulation_steps} x (forward, loss, backward)"
-        passes = "forward, loss, backward" if loop.accumulation_steps == 1 else micro
-        describe = f"{passes}, {what} step, zero_grad(set_to_none={set_to_none})"
-        if keep_output:
-            describe += "; the output kept through backward"
-        if optimizer_in_backward:
-            fused = f", {what} stepped per parameter in backward"
-            describe = describe.replace(f", {what} step", fused)
+        describe = _training_loop(loop, what)
         if cast is not None:
             describe += f"; the model in {cast} ({precision})"
     else:
@@ -261,6 +271,7 @@ def trace(
     gradient_accumulation_steps: int = 1,
     keep_output: bool = False,
     optimizer_in_backward: bool = False,
+    fp32_output: bool = False,
     step: Step | None = None,
 ) -> MemoryEstimate:
     """Predict the peak memory of one step by running it on fake tensors.
@@ -307,11 +318,12 @@ def trace(
         optimizer_in_backward: Step each parameter from its post-accumulate-grad hook and
             free its gradient there, as torchtune's ``optimizer_in_bwd`` does (one
             optimizer per parameter, of the optimizer's class and settings).
+        fp32_output: Cast the forward's floating outputs to fp32 before the loss, as a
+            Lightning Fabric loop's wrapped module does (`Step.fp32_output`).
         step: Or the loop as a `torchfit.Step` (mode, optimizer, precision, zero_grad,
-            accumulation, output kept, optimizer in backward, and its ``device``), instead
-            of those keywords. Its fields that describe the model (LoRA, a 4/8-bit base,
-            ...) are refused: the model is already built; its batch, when set, must be the
-            inputs'.
+            accumulation, output kept and cast, optimizer in backward, ``device``). Its
+            fields of the model (LoRA, a 4/8-bit base, ...) are refused: the model is
+            built; its batch, when set, must be the inputs'.
 
     Returns:
         A `MemoryEstimate` at the peak: weights, gradients, optimizer state, activations
@@ -345,6 +357,7 @@ def trace(
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "keep_output": keep_output,
             "optimizer_in_backward": optimizer_in_backward,
+            "fp32_output": fp32_output,
         }
         if device != "cpu":
             loop["device"] = device
@@ -365,6 +378,7 @@ def trace(
         gradient_accumulation_steps=gradient_accumulation_steps,
         keep_output=keep_output,
         optimizer_in_backward=optimizer_in_backward,
+        fp32_output=fp32_output,
     )
     if device != "cuda":
         return result.estimate
@@ -404,16 +418,3 @@ def with_recorded_step(result: Trace) -> MemoryEstimate:
         notes=tuple(n for n in estimate.notes if n != CUBLAS_NOTE),
         outline=result.recorded(),
     )
-
-
-def _check_no_quantized_parameters(model: nn.Module) -> None:
-    """Refuse bitsandbytes' parameter subclasses, which cannot become fake tensors."""
-    for name, param in model.named_parameters():
-        kind = type(param)
-        if kind.__module__.startswith("bitsandbytes"):
-            raise TypeError(
-                f"parameter {name!r} is a bitsandbytes {kind.__name__} (a 4/8-bit layer), "
-                "which trace cannot copy to fake tensors. Estimate the quantized model with "
-                "torchfit.memory.estimate(config, dtype='nf4' or 'int8', trainable_params=...), "
-                "or measure a real step with measure_step(model, inputs)"
-            )
