@@ -101,9 +101,11 @@ def test_plan_trace_adds_the_traced_step(capsys):
 
 def test_plan_trace_follows_the_loop_and_precision_it_plans(capsys):
     argv = ["plan", "gpt2", "--gpu", "RTX 3060", "--seq", "64", "--batch", "2", "--trace"]
-    assert main([*argv, "--accumulate", "2", "--keep-output", "--precision", "bf16-true"]) == 0
+    loop = ["--accumulate", "2", "--keep-output", "--fp32-output", "--precision", "bf16-true"]
+    assert main([*argv, *loop]) == 0
     out = capsys.readouterr().out.split("traced (the real step")[1]
     assert "2 x (forward, loss, backward)" in out
+    assert "the output cast to fp32 before the loss" in out
     assert "the output kept through backward" in out
     assert "the model in torch.bfloat16 (bf16-true)" in out
     assert main([*argv, "--optimizer-in-backward"]) == 0

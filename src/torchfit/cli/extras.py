@@ -102,6 +102,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
             "set_to_none": step.set_to_none,
             "keep_output": step.keep_output,
             "optimizer_in_backward": step.optimizer_in_backward,
+            "fp32_output": step.fp32_output,
         }
         if train
         else {}
