@@ -257,7 +257,7 @@ def test_the_optimizer_names_its_implementation_and_in_backward_runs_a_loop():
     assert optimizer_seconds(optimizer_in_backward=True) == pytest.approx(loop)
 
 
-def test_memory_only_fields_leave_the_time_alone_and_a_chunked_loss_is_said():
+def test_memory_only_fields_leave_the_time_alone_the_fp32_cast_does_not():
     kw = {"batch_size": 2, "seq_len": 64, "precision": "bf16-mixed"}
     plain = step_time(TINY, "H100", **kw)
     kept = step_time(TINY, "H100", **kw, keep_output=True, set_to_none=False)
@@ -265,6 +265,9 @@ def test_memory_only_fields_leave_the_time_alone_and_a_chunked_loss_is_said():
     chunked = step_time(TINY, "H100", **kw, loss_chunk_size=16)
     assert any("chunks of 16 positions" in note for note in chunked.notes)
     assert not any("chunks" in note for note in plain.notes)
+    # the loop's cast of the outputs to fp32 is a kernel of its own
+    cast = step_time(TINY, "H100", **{**kw, "precision": "bf16-true"}, fp32_output=True)
+    assert cast.seconds > step_time(TINY, "H100", **{**kw, "precision": "bf16-true"}).seconds
 
 
 def test_compare_gpus_takes_a_step_and_its_batch_unless_asked_for_the_largest():

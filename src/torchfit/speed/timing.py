@@ -155,7 +155,8 @@ def step_time(
     The step is the one `torchfit.fits` plans: a `torchfit.Step`, or its fields as
     keywords (``batch_size=8, seq_len=1024, precision="bf16-mixed"``...). Without a
     ``precision`` the card picks bf16 or fp16, as `fits` does. What the kernels do
-    not depend on (``set_to_none``, ``keep_output``) is memory's alone; the optimizer
+    not depend on (``set_to_none``, ``keep_output``) is memory's alone (``fp32_output``
+    adds the loop's cast of the outputs and a loss in fp32); the optimizer
     names its implementation (``"adamw-fused"``, ``"adamw-for-loop"``; foreach, CUDA's
     default, otherwise), and ``optimizer_in_backward`` steps one parameter at a time.
 
@@ -240,6 +241,7 @@ def step_time(
         grad_scaler=train and mixed and compute is DType.FP16,
         matmul=None if matmul is None else _torch_dtype(matmul),
         quantized_head=chosen.quantize_head and weights.is_quantized,
+        fp32_output=train and chosen.fp32_output,
     )
     work = Workload(**{**work.__dict__, "notes": _notes(chosen) + work.notes})
     return time_workload(

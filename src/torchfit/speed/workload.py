@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from torchfit._core.imports import require
-from torchfit._core.outputs import call_model, compute_loss
+from torchfit._core.outputs import call_model, compute_loss, outputs_in_fp32
 from torchfit._core.step import OptimizerName
 from torchfit._core.units import DType
 from torchfit.memory.catalog.build import transformers_without_data
@@ -246,6 +246,7 @@ def _run(
     new_tokens: int | None,
     matmul: torch.dtype | None = None,
     quantized_head: bool = False,
+    fp32_output: bool = False,
 ) -> tuple[list[Op], nn.Module]:
     fake_mode = new_fake_mode()
     module, inputs = copy_to_fake((built.module, built.inputs), fake_mode)
@@ -265,7 +266,10 @@ def _run(
                 _generate(module, inputs, recorder, autocast, new_tokens)
             elif train:
                 with _cuda_target(autocast):
-                    loss = compute_loss(call_model(module, inputs), built.loss_fn)
+                    output = call_model(module, inputs)
+                    if fp32_output:  # the loop's cast (Lightning Fabric)
+                        output = outputs_in_fp32(output)
+                    loss = compute_loss(output, built.loss_fn)
                 recorder.phase = Phase.BACKWARD
                 with _cuda_target(None):
                     loss.backward()  # type: ignore[no-untyped-call]
@@ -327,12 +331,14 @@ def record_workload(
     grad_scaler: bool = False,
     matmul: torch.dtype | None = None,
     quantized_head: bool = False,
+    fp32_output: bool = False,
 ) -> Workload:
     """Record one optimizer step of ``built`` (see the module notes).
 
     ``matmul``: the 4-bit layers' own compute dtype where it is not the model's
     (bitsandbytes' ``bnb_4bit_compute_dtype``; their weights already held in it).
     ``quantized_head``: the output head is quantized too, dequantized at each call.
+    ``fp32_output``: the loop casts the outputs to fp32 before the loss (Lightning Fabric).
     """
     ops, module = _run(
         built,
@@ -342,6 +348,7 @@ def record_workload(
         new_tokens=new_tokens,
         matmul=matmul,
         quantized_head=quantized_head,
+        fp32_output=fp32_output,
     )
     ops = [op.times(accumulation) for op in ops] if accumulation > 1 else ops
     trainable = [p for p in module.parameters() if p.requires_grad]
