@@ -384,6 +384,15 @@ CASES: list[Case] = [
         2048,
         new_tokens=128,
     ),
+    Case(  # cuDNN's workspaces in 16 bits (torchfit.memory.kernels.cudnn: padded NHWC copies)
+        "T12_resnet50_bf16mixed_sgdm_b128",
+        "train",
+        "torchvision/resnet50",
+        128,
+        task="vision",
+        optimizer="sgd-momentum",
+        autocast="bf16",
+    ),
 ]
 
 
