@@ -60,6 +60,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
         transformers_without_data,
     )
     from torchfit.memory.catalog.inputs import example_batch  # noqa: PLC0415
+    from torchfit.memory.step.run import loop_keywords  # noqa: PLC0415
     from torchfit.memory.tracing.tracer import trace  # noqa: PLC0415
 
     settings, step = plan.settings, plan.step
@@ -96,17 +97,7 @@ def traced(args: argparse.Namespace, plan: Any) -> Any:
         )
     else:
         inputs = torch.zeros(step.batch_size, *(step.input_shape or ()), device="meta")
-    loop = (
-        {
-            "gradient_accumulation_steps": step.gradient_accumulation_steps,
-            "set_to_none": step.set_to_none,
-            "keep_output": step.keep_output,
-            "optimizer_in_backward": step.optimizer_in_backward,
-            "fp32_output": step.fp32_output,
-        }
-        if train
-        else {}
-    )
+    loop = loop_keywords(step) if train else {}
     with transformers_without_data(), autograd_of(step.torch_version):
         return trace(
             model,

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RUN_DEFAULTS", "check_step_device", "run_keywords"]
+__all__ = ["RUN_DEFAULTS", "check_step_device", "loop_keywords", "run_keywords"]
 
 #: The loop keywords of `trace` and `measure_step` a `Step` gives, with their defaults.
 RUN_DEFAULTS: dict[str, Any] = {
@@ -113,12 +113,23 @@ def run_keywords(
         "optimizer": step.optimizer if step.training else None,
         "precision": step.precision,
         "autocast_dtype": None,
+        **loop_keywords(step),
+        "device": step.device,
+    }
+
+
+def loop_keywords(step: Any) -> dict[str, Any]:
+    """The training loop's keywords of `trace` and `measure_step` that ``step`` sets.
+
+    ``zero_grad``'s ``set_to_none``, accumulation, the output kept and cast to fp32, the
+    optimizer in backward: what `torchfit._core.step.Loop` holds.
+    """
+    return {
         "set_to_none": step.set_to_none,
         "gradient_accumulation_steps": step.gradient_accumulation_steps,
         "keep_output": step.keep_output,
         "optimizer_in_backward": step.optimizer_in_backward,
         "fp32_output": step.fp32_output,
-        "device": step.device,
     }
 
 
