@@ -296,9 +296,9 @@ def _output_bytes(model: nn.Module, batch: dict[str, Any], options: dict[str, An
     with torch.no_grad(), transformers_without_data():
         output = model(**batch)
     dtype = parse_dtype(options["dtype"])
-    if not isinstance(output, dict):
-        return _float_bytes([output], DType.FP32 if options["loop"].fp32_output else dtype)
     logits = DType.FP32 if options["loop"].fp32_output else dtype
+    if not isinstance(output, dict):
+        return _float_bytes([output], logits)
     parts = [v for k, v in output.items() if k not in {"loss", "logits"}]
     return _float_bytes(parts, dtype) + _float_bytes([output.get("logits")], logits)
 
