@@ -50,6 +50,7 @@ from torchfit.memory.modules.quantized import quantized_meta_pass
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import AUTO, Step
 from torchfit.memory.step.entry import given_step
+from torchfit.memory.tracing.language import traceable, traced_language_step
 from torchfit.memory.tracing.tracer import traced_step
 
 __all__ = ["batch_predictor", "estimate"]
@@ -146,10 +147,7 @@ def _module_step(
         try:
             traced = traced_step(model, inputs, step)
         except (ValueError, RuntimeError) as error:
-            untraced, reason = error, str(error).split(";")[0]
-            if "DataDependent" in type(error).__name__:
-                reason = f"the step reads a tensor's value ({reason})"
-            why = f" (not traced: {reason})"
+            untraced, why = error, f" (not traced: {_reason(error)})"
         else:
             return _noted(traced, f"method: the step of {name} traced on fake tensors (CUDA rules)")
     try:
@@ -297,21 +295,40 @@ def _estimate(model: Any, step: Step) -> MemoryEstimate:
             checkpointing=gradient_checkpointing,
             **{**options, "dtype": compute},
         )
-    check_quantize_head(weights, head=quantize_head, tied=False)
+    return _language_model(config, step, adapters, options)
+
+
+def _language_model(
+    config: Any, step: Step, adapters: dict[str, Any] | None, options: dict[str, Any]
+) -> MemoryEstimate:
+    """A transformers model without a closed form, in 16 or 32 bits: traced, else the pass.
+
+    On CUDA its training step is traced (`traced_language_step`); a step fake tensors
+    cannot run, a CPU step and inference take the meta-device pass (`by_meta_pass`).
+    """
+    weights = step.numerics.weights
+    check_quantize_head(weights, head=step.quantize_head, tied=False)
     # autocast (the default for 16-bit training) keeps fp32 masters of what trains only
-    mixed = parse_dtype(dtype).autocasts(mixed=mixed_precision)
-    frozen = _base_dtype(config, base_dtype) if wants_lora and mixed else None
-    return by_meta_pass(
+    mixed = weights.autocasts(mixed=step.mixed)
+    frozen = _base_dtype(config, step.base_dtype) if step.wants_lora and mixed else None
+    why = ""
+    if traceable(step):
+        try:
+            return traced_language_step(config, step, adapters=adapters, frozen=frozen)
+        except RuntimeError as error:  # an op fake tensors cannot run: the pass instead
+            why = f"not traced: {_reason(error)}"
+    found = by_meta_pass(
         config,
-        seq_len=seq_len,
-        attention=attn_implementation,
+        seq_len=step.seq_len,
+        attention=step.attn_implementation,
         adapters=adapters,
         frozen_dtype=frozen,
-        loss_chunk=loss_chunk_size,
-        new_tokens=max_new_tokens,
-        checkpointing=gradient_checkpointing,
+        loss_chunk=step.loss_chunk_size,
+        new_tokens=step.max_new_tokens,
+        checkpointing=step.gradient_checkpointing,
         **options,
     )
+    return found.replace(notes=(*found.notes, why)) if why else found
 
 
 def _base_dtype(config: Any, given: str | DType | None, *, quantized: bool = False) -> DType | None:
@@ -326,6 +343,14 @@ def _base_dtype(config: Any, given: str | DType | None, *, quantized: bool = Fal
         return None
     recorded = recorded_dtype(config)
     return None if recorded is None else parse_dtype(recorded)
+
+
+def _reason(error: Exception) -> str:
+    """Why a step could not be traced, in one clause."""
+    reason = str(error).split(";")[0]
+    if "DataDependent" in type(error).__name__:
+        reason = f"the step reads a tensor's value ({reason})"
+    return reason
 
 
 def _noted(found: MemoryEstimate, method: str) -> MemoryEstimate:

@@ -1,5 +1,8 @@
 """Gradient checkpointing on the meta-device pass (models without a closed form).
 
+On ``device="cuda"`` `estimate` traces such a step (`torchfit.memory.tracing.language`);
+the pass is what it falls back to, and what a CPU step or a 4/8-bit base takes.
+
 The checkpointed estimate is checked against the fake-tensor trace of the same model with
 ``gradient_checkpointing_enable()`` (the trace runs transformers' own checkpointing), on
 small Gemma 2 and Gemma 3 configs: measured -4.2% to +5.8% (torch 2.13, transformers 5),
@@ -11,8 +14,10 @@ Against real CPU steps of the same configs (fp32, AdamW, checkpointing on): Gemm
 import pytest
 import torch
 
+from torchfit._core.step import Loop
 from torchfit.memory import estimate, measure_step, to_device, trace
 from torchfit.memory.modules.checkpointed import checkpointed_layers, with_checkpointing
+from torchfit.memory.modules.configs import by_meta_pass
 from torchfit.memory.result import LayerMemory, MemoryEstimate
 
 transformers = pytest.importorskip("transformers")
@@ -49,16 +54,37 @@ def _traced(config):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_checkpointed_pass_follows_the_trace(name):
-    kw = {"batch_size": BATCH, "seq_len": SEQ, "precision": "bf16-mixed", "device": "cuda"}
-    found = estimate(CONFIGS[name](), gradient_checkpointing=True, **kw)
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "dtype": "bf16", "mixed_precision": True}
+    kw |= {"mode": "train", "optimizer": "adamw", "device": "cuda", "loop": Loop()}
+    found = by_meta_pass(
+        CONFIGS[name](),
+        seq_len=SEQ,
+        attention="sdpa",
+        checkpointing=True,
+        **{k: v for k, v in kw.items() if k != "seq_len"},
+    )
     assert "meta-device pass" in found.notes[0]
     traced = _traced(CONFIGS[name]())
     predicted = to_device(found, gpu="H200").total
     error = predicted / traced.total - 1
     assert abs(error) <= TOLERANCE, f"{name}: {error:+.1%}"
-    plain = estimate(CONFIGS[name](), **kw)
+    plain = by_meta_pass(
+        CONFIGS[name](),
+        seq_len=SEQ,
+        attention="sdpa",
+        **{k: v for k, v in kw.items() if k != "seq_len"},
+    )
     assert found.activations < plain.activations  # the layers' saved tensors are gone
     assert any("gradient checkpointing" in n for n in found.notes)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_on_cuda_the_checkpointed_estimate_is_the_trace(name):
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "precision": "bf16-mixed", "device": "cuda"}
+    found = estimate(CONFIGS[name](), gradient_checkpointing=True, **kw)
+    assert "traced on fake tensors" in found.notes[0]
+    traced = _traced(CONFIGS[name]())
+    assert to_device(found, gpu="H200").total == pytest.approx(traced.total, rel=0.002)
 
 
 @pytest.mark.filterwarnings(REENTRANT)

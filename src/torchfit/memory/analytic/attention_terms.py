@@ -15,6 +15,7 @@ from torchfit.memory.analytic.formulas import (
     attention_bytes,
     keeps_linear_state,
 )
+from torchfit.memory.analytic.lora import is_fused
 from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.analytic.term import Term, pieces
 
@@ -77,6 +78,16 @@ def core_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Te
         # GPT-2's fused c_attn output stays alive (Q/K/V are views of it) and the CPU
         # flash kernel keeps two contiguous copies: measured 6h per token, not 4h.
         terms.append(Term("fused QKV storage kept by views", 2 * spec.hidden * s.dtype.itemsize))
+    grouped = s.dtype.itemsize == FP32 and spec.num_kv_heads < spec.num_heads
+    fused = keeps_linear_state(
+        s.attention, device=s.device, training=s.training, dropout=p, fp32_grouped=grouped
+    )
+    if fused and is_fused(spec) and s.training:
+        # Phi-3 slices q, k and v out of one qkv_proj output: the value handed to the
+        # kernel is a view of it, so the whole output stays saved, not a value-wide one
+        # (the CUDA-target trace of Phi-3 against Llama of the same sizes: q + kv wider)
+        extra = (spec.num_heads * spec.head_dim + spec.kv_dim) * s.dtype.itemsize
+        terms.append(Term("qkv_proj output kept by the value's view", extra))
     return terms
 
 
@@ -92,8 +103,19 @@ def output_copied(spec: TransformerSpec, s: BlockSettings) -> bool:
     form counted it twice (+1.5% on a Llama-3.2-1B bf16 step, +1.8% on GPT-2 fp32,
     against -0.1% and -0.2% from the traced step). Eager attention, SDPA's math fallback
     and the CPU flash kernel (whose output is (batch, heads, seq, head_dim)) make a copy.
+
+    The flash kernel allocates its output like its query (``empty_like`` of the query
+    seen as (batch, seq, heads, head_dim): flash-attention's ``mha_fwd`` and the meta
+    registration), so the layout is the query's. Llama's rotary embedding is elementwise
+    and keeps the projection's (batch, seq, ...) layout; Phi-3's concatenates
+    (``torch.cat`` of the rotated and passed-through halves), which leaves the query
+    contiguous in (batch, heads, seq, head_dim), and ``contiguous()`` copies. The
+    memory-efficient kernel (fp32) allocates (batch, seq, heads, head_dim) whatever the
+    query's layout.
     """
     if s.attention is AttentionImpl.EAGER or s.device != "cuda":
+        return True
+    if is_fused(spec) and s.dtype.itemsize < FP32:  # flash over a concatenated query
         return True
     grouped = s.dtype.itemsize == FP32 and spec.num_kv_heads < spec.num_heads
     dropout = spec.attention_dropout if s.training else 0.0

@@ -1,0 +1,108 @@
+"""`estimate` of a transformers model without a closed form, on CUDA: its traced step.
+
+Each case builds the model the way a user would run it (``from_config`` on the meta
+device in the step's dtypes, PEFT's adapters, transformers' checkpointing) and traces it
+with `torchfit.memory.trace`; `estimate` from the config alone must give the same step.
+"""
+
+import pytest
+import torch
+
+from torchfit.memory import estimate, to_device, trace
+from torchfit.memory.tracing import language
+
+transformers = pytest.importorskip("transformers")
+
+BATCH, SEQ = 2, 256
+SHAPES = {
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 3000,
+    "max_position_embeddings": 1024,
+}
+CONFIGS = {
+    "gemma2": lambda: transformers.Gemma2Config(**SHAPES, num_key_value_heads=2, head_dim=32),
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(**SHAPES),
+    "olmo2": lambda: transformers.Olmo2Config(**SHAPES, num_key_value_heads=2),
+}
+DTYPES = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "bf16-mixed": torch.float32}
+
+
+def _user_model(name, dtype, *, checkpointing=False):
+    config = CONFIGS[name]()
+    config.use_cache = False
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model.train()
+
+
+def _traced(model, precision):
+    ids = torch.zeros((BATCH, SEQ), dtype=torch.long, device="meta")
+    inputs = {"input_ids": ids, "labels": ids}
+    return trace(model, inputs, precision=precision, device="cuda", gpu="H200")
+
+
+def _on_card(found):
+    """The estimate as the trace reports it: placed on the card (cuBLAS's workspaces)."""
+    return to_device(found, gpu="H200", context_bytes=0)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("precision", sorted(DTYPES))
+def test_the_estimate_is_the_trace_of_the_model_the_user_runs(name, precision):
+    found = estimate(CONFIGS[name](), batch_size=BATCH, seq_len=SEQ, precision=precision)
+    assert "traced on fake tensors" in found.notes[0]
+    traced = _traced(_user_model(name, DTYPES[precision]), precision)
+    card = _on_card(found)
+    assert card.total == pytest.approx(traced.total, rel=1e-3)
+    assert card.weights == pytest.approx(traced.weights, abs=16)  # in the step's dtype
+    assert card.reserved == pytest.approx(traced.reserved, rel=0.005)
+
+
+def test_checkpointing_is_traced_as_transformers_runs_it():
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "precision": "bf16-mixed"}
+    found = estimate(CONFIGS["gemma2"](), gradient_checkpointing=True, **kw)
+    traced = _traced(_user_model("gemma2", torch.float32, checkpointing=True), "bf16-mixed")
+    assert _on_card(found).total == pytest.approx(traced.total, rel=1e-3)
+    assert found.activations < estimate(CONFIGS["gemma2"](), **kw).activations
+
+
+def test_lora_over_a_16_bit_base_keeps_the_base_in_its_dtype_and_the_adapters_in_fp32():
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    found = estimate(
+        CONFIGS["gemma2"](),
+        batch_size=BATCH,
+        seq_len=SEQ,
+        lora=lora,
+        base_dtype="bf16",
+        precision="bf16-mixed",
+    )
+    assert "traced on fake tensors" in found.notes[0]
+    model = peft.get_peft_model(_user_model("gemma2", torch.bfloat16), lora)
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    assert dtypes == {torch.float32}  # PEFT's autocast_adapter_dtype, as the estimate holds
+    traced = _traced(model, "bf16-mixed")
+    assert _on_card(found).total == pytest.approx(traced.total, rel=1e-3)
+    assert found.weights == pytest.approx(traced.weights, abs=16)  # a scalar buffer's dtype
+
+
+def test_a_cpu_step_and_a_4_bit_base_keep_the_meta_device_pass():
+    kw = {"batch_size": BATCH, "seq_len": SEQ}
+    assert "meta-device pass" in estimate(CONFIGS["olmo2"](), device="cpu", **kw).notes[0]
+    inference = estimate(CONFIGS["olmo2"](), mode="inference", **kw)
+    assert "meta-device pass" in inference.notes[0]
+
+
+def test_a_step_fake_tensors_cannot_run_falls_back_to_the_pass(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("aten.nonzero reads the values of a tensor; not on fake tensors")
+
+    monkeypatch.setattr(language, "traced_step", refuse)
+    found = estimate(CONFIGS["gpt_neox"](), batch_size=BATCH, seq_len=SEQ)
+    assert "meta-device pass" in found.notes[0]
+    assert any("not traced: aten.nonzero reads the values" in note for note in found.notes)
