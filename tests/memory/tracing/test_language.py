@@ -91,11 +91,31 @@ def test_lora_over_a_16_bit_base_keeps_the_base_in_its_dtype_and_the_adapters_in
     assert found.weights == pytest.approx(traced.weights, abs=16)  # a scalar buffer's dtype
 
 
-def test_a_cpu_step_and_a_4_bit_base_keep_the_meta_device_pass():
+def test_an_inference_forward_is_traced_with_its_cache_apart():
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "mode": "inference", "dtype": "bf16"}
+    found = estimate(CONFIGS["gpt_neox"](), **kw)
+    assert "traced on fake tensors" in found.notes[0]
+    model = _user_model("gpt_neox", torch.bfloat16).eval()
+    model.config.use_cache = True  # transformers' default for a decoder's forward
+    ids = torch.zeros((BATCH, SEQ), dtype=torch.long, device="meta")
+    traced = trace(model, {"input_ids": ids}, mode="inference", device="cuda", gpu="H200")
+    card = _on_card(found)
+    assert card.total == pytest.approx(traced.total, rel=1e-3)
+    assert card.reserved == pytest.approx(traced.reserved, rel=0.005)
+    # keys and values of every layer: 2 x layers x batch x seq x hidden, in bf16
+    layers, hidden = SHAPES["num_hidden_layers"], SHAPES["hidden_size"]
+    assert found.kv_cache == 2 * layers * BATCH * SEQ * hidden * 2
+
+
+def test_a_cpu_step_generate_and_a_4_bit_base_keep_the_meta_device_pass():
     kw = {"batch_size": BATCH, "seq_len": SEQ}
     assert "meta-device pass" in estimate(CONFIGS["olmo2"](), device="cpu", **kw).notes[0]
-    inference = estimate(CONFIGS["olmo2"](), mode="inference", **kw)
-    assert "meta-device pass" in inference.notes[0]
+    generate = estimate(CONFIGS["olmo2"](), mode="inference", max_new_tokens=8, **kw)
+    assert "meta-device pass" in generate.notes[0]
+    quantized = estimate(
+        CONFIGS["olmo2"](), dtype="nf4", lora_rank=8, lora_targets=["q_proj"], **kw
+    )
+    assert "meta-device pass" in quantized.notes[0]
 
 
 def test_a_step_fake_tensors_cannot_run_falls_back_to_the_pass(monkeypatch):

@@ -40,7 +40,7 @@ from torchfit.memory.modules.chunked import ChunkedLoss
 from torchfit.memory.modules.peak import estimate_module
 from torchfit.memory.result import MemoryEstimate
 
-__all__ = ["by_meta_pass", "meta_model", "pass_sequence"]
+__all__ = ["by_meta_pass", "cache_apart", "meta_model", "pass_sequence"]
 
 
 #: Models built on meta for the fallback, by config: `fits` estimates one model many times.
@@ -170,7 +170,7 @@ def by_meta_pass(
             **options,
         )
     if not training:
-        found = _cache_apart(found, model, batch, parse_dtype(options["dtype"]))
+        found = cache_apart(found, model, batch, parse_dtype(options["dtype"]))
     if not training and new_tokens is not None:
         vocab = int(head.weight.shape[0])
         found = _generation(
@@ -253,7 +253,7 @@ def _generation(
     )
 
 
-def _cache_apart(
+def cache_apart(
     found: MemoryEstimate, model: nn.Module, batch: dict[str, Any], dtype: DType
 ) -> MemoryEstimate:
     """Inference: the KV cache the forward returns, as ``kv_cache`` (it was in the output).
