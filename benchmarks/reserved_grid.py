@@ -40,6 +40,8 @@ GRID: list[tuple[str, str, str | None, bool, str, list[tuple[int, int]]]] = [
     ("llama-3.2-3b", "bf16", None, False, "causal", [(1, 8192), (2, 2048)]),
     ("bert-base", "fp32", "fp16", False, "mlm", [(8, 512), (64, 128), (16, 256)]),
     ("bert-base", "fp32", None, False, "mlm", [(8, 512), (64, 128), (16, 256)]),
+    ("bert-base", "fp32", "fp16", True, "mlm", [(16, 512), (12, 384)]),
+    ("bert-base", "bf16", None, True, "mlm", [(16, 512), (4, 512)]),
 ]
 
 

@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from memory.allocator import h200
-from torchfit.memory import estimate
+from torchfit.memory import estimate, trace
 from torchfit.memory.allocator import read_snapshot, replay, step_schedule, to_device
 from torchfit.memory.outline import SAVED, StepOutline
 
@@ -157,3 +158,26 @@ def _segments_after(ops):
         else:
             allocator.free(handles.pop(op[0]))
     return [segment.size for segment in allocator.segments()]
+
+
+@pytest.mark.parametrize(
+    ("weights", "precision", "batch", "seq"),
+    [("fp32", "16-mixed", 8, 512), ("fp32", "32-true", 16, 256), ("bf16", "bf16-true", 12, 384)],
+)
+def test_a_checkpointed_bert_step_reserves_what_its_trace_reserves(weights, precision, batch, seq):
+    # each layer runs without autograd in forward and is recomputed in backward; without
+    # an outline the estimate fell back to a margin over the allocated peak: -14%, -15%
+    # and -7% on these three bert-base steps
+    config = transformers.BertConfig()  # bert-base
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[weights]
+    with torch.device("meta"):
+        model = transformers.BertForMaskedLM._from_config(config, dtype=dtype)
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+    model.gradient_checkpointing_enable()
+    model.train()
+    step = {"precision": precision, "device": "cuda", "optimizer": "adamw"}
+    traced = trace(model, {"input_ids": ids, "labels": ids}, gpu="H200", **step)
+    found = estimate(config, batch_size=batch, seq_len=seq, gradient_checkpointing=True, **step)
+    assert found.outline is not None
+    on_card = to_device(found, gpu="H200", context_bytes=traced.context)
+    assert abs(on_card.reserved / traced.reserved - 1) < 0.03, (on_card.reserved, traced.reserved)

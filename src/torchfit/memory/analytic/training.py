@@ -339,8 +339,8 @@ def _outline(
 ) -> StepOutline | None:
     """The step's `StepOutline`: a decoder's, or a fully trained BERT's (`encoder_outline`)."""
     if spec.family is Family.BERT:
-        if checkpointing or not full or dequantized:
-            return None  # adapters and recomputation: not outlined for encoders
+        if not full or dequantized:
+            return None  # adapters: not outlined for encoders
         return bert_training_outline(
             spec,
             settings,
@@ -350,6 +350,7 @@ def _outline(
             gradients=gradients,
             optimizer=optimizer,
             step_temporaries=step_temporaries,
+            checkpointing=checkpointing,
         )
     return training_outline(
         spec,
