@@ -311,23 +311,28 @@ def _language_model(
     # autocast (the default for 16-bit training) keeps fp32 masters of what trains only
     mixed = weights.autocasts(mixed=step.mixed)
     frozen = _base_dtype(config, step.base_dtype) if step.wants_lora and mixed else None
-    why = ""
+    untraced, why = None, ""
     if traceable(step):
         try:
             return traced_language_step(config, step, adapters=adapters, frozen=frozen)
         except RuntimeError as error:  # an op fake tensors cannot run: the pass instead
-            why = f"not traced: {_reason(error)}"
-    found = by_meta_pass(
-        config,
-        seq_len=step.seq_len,
-        attention=step.attn_implementation,
-        adapters=adapters,
-        frozen_dtype=frozen,
-        loss_chunk=step.loss_chunk_size,
-        new_tokens=step.max_new_tokens,
-        checkpointing=step.gradient_checkpointing,
-        **options,
-    )
+            untraced, why = error, f"not traced: {_reason(error)}"
+    try:
+        found = by_meta_pass(
+            config,
+            seq_len=step.seq_len,
+            attention=step.attn_implementation,
+            adapters=adapters,
+            frozen_dtype=frozen,
+            loss_chunk=step.loss_chunk_size,
+            new_tokens=step.max_new_tokens,
+            checkpointing=step.gradient_checkpointing,
+            **options,
+        )
+    except RuntimeError:
+        if untraced is None:
+            raise
+        raise untraced from None  # the trace's message names the op; the pass's says "trace"
     return found.replace(notes=(*found.notes, why)) if why else found
 
 

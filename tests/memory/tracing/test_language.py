@@ -107,6 +107,30 @@ def test_an_inference_forward_is_traced_with_its_cache_apart():
     assert found.kv_cache == 2 * layers * BATCH * SEQ * hidden * 2
 
 
+def test_an_encoder_decoder_forward_the_meta_pass_cannot_run_is_traced():
+    # BART's decoder reads a value on meta tensors, so its pass (and the meta forward that
+    # tells its cache apart) stop; the trace runs it, the cache counted in the activations
+    config = transformers.BartConfig(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=128,
+        vocab_size=3000,
+        max_position_embeddings=512,
+    )
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "mode": "inference", "dtype": "bf16"}
+    with pytest.raises(RuntimeError):
+        estimate(config, device="cpu", **kw)
+    found = estimate(config, **kw)
+    assert "traced on fake tensors" in found.notes[0]
+    assert any("KV cache is counted in the activations" in note for note in found.notes)
+    with torch.device("meta"):
+        model = transformers.BartForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    ids = torch.zeros((BATCH, SEQ), dtype=torch.long, device="meta")
+    inputs = {"input_ids": ids, "decoder_input_ids": ids}
+    traced = trace(model.eval(), inputs, mode="inference", device="cuda", gpu="H200")
+    assert _on_card(found).total == pytest.approx(traced.total, rel=1e-3)
+
+
 def test_a_cpu_step_generate_and_a_4_bit_base_keep_the_meta_device_pass():
     kw = {"batch_size": BATCH, "seq_len": SEQ}
     assert "meta-device pass" in estimate(CONFIGS["olmo2"](), device="cpu", **kw).notes[0]
