@@ -147,6 +147,21 @@ def test_a_step_fake_tensors_cannot_run_falls_back_to_the_pass(monkeypatch):
         raise RuntimeError("aten.nonzero reads the values of a tensor; not on fake tensors")
 
     monkeypatch.setattr(language, "traced_step", refuse)
+    monkeypatch.setattr(language, "_TRACED", {})  # no step traced earlier in this process
     found = estimate(CONFIGS["gpt_neox"](), batch_size=BATCH, seq_len=SEQ)
     assert "meta-device pass" in found.notes[0]
     assert any("not traced: aten.nonzero reads the values" in note for note in found.notes)
+
+
+def test_a_step_traced_once_is_not_traced_again(monkeypatch):
+    monkeypatch.setattr(language, "_TRACED", {})
+    runs = []
+    real = language.traced_step
+    monkeypatch.setattr(language, "traced_step", lambda *a: runs.append(1) or real(*a))
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "precision": "bf16-mixed"}
+    first = estimate(CONFIGS["olmo2"](), **kw)
+    again = estimate(CONFIGS["olmo2"](), **kw)
+    other = estimate(CONFIGS["olmo2"](), **{**kw, "batch_size": 2 * BATCH})
+    assert len(runs) == 2
+    assert again == first
+    assert other.activations > first.activations

@@ -68,6 +68,12 @@ def traceable(step: Step) -> bool:
     )
 
 
+#: Traced steps by (config, step, adapters, frozen dtype): a plan asks for the same step
+#: more than once (its own step, then advice that lands on a size the search asked).
+_TRACED: dict[str, MemoryEstimate] = {}
+_KEEP = 32
+
+
 def traced_language_step(
     config: Any,
     step: Step,
@@ -76,6 +82,9 @@ def traced_language_step(
     frozen: DType | None,
 ) -> MemoryEstimate:
     """``step`` of the model ``config`` describes, traced on fake tensors under CUDA's rules.
+
+    A step traced before (same config, step, adapters and frozen dtype) is not traced again:
+    estimates are immutable, so the earlier one is returned.
 
     Args:
         config: A transformers config without a closed form.
@@ -87,6 +96,18 @@ def traced_language_step(
         ValueError: PEFT cannot place the adapters, or ``seq_len`` is beyond the model.
         RuntimeError: The step cannot run on fake tensors (the caller falls back).
     """
+    key = repr((config.to_json_string(use_diff=False), step, adapters, frozen))
+    if key not in _TRACED:
+        if len(_TRACED) >= _KEEP:
+            _TRACED.pop(next(iter(_TRACED)))
+        _TRACED[key] = _traced(config, step, adapters=adapters, frozen=frozen)
+    return _TRACED[key]
+
+
+def _traced(
+    config: Any, step: Step, *, adapters: dict[str, Any] | None, frozen: DType | None
+) -> MemoryEstimate:
+    """`traced_language_step` without the memo."""
     attention = "eager" if step.attn_implementation == "eager" else "sdpa"
     model = copy.deepcopy(meta_model(config, attention))
     if adapters is not None:
