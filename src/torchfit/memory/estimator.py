@@ -303,8 +303,9 @@ def _language_model(
 ) -> MemoryEstimate:
     """A transformers model without a closed form, in 16 or 32 bits: traced, else the pass.
 
-    On CUDA its training step is traced (`traced_language_step`); a step fake tensors
-    cannot run, a CPU step and inference take the meta-device pass (`by_meta_pass`).
+    On CUDA its step is traced (`traced_language_step`, where `traceable`); a CPU step,
+    ``generate``, a chunked loss and a step fake tensors cannot run take the meta-device
+    pass (`by_meta_pass`).
     """
     weights = step.numerics.weights
     check_quantize_head(weights, head=step.quantize_head, tied=False)

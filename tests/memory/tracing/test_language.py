@@ -107,6 +107,15 @@ def test_an_inference_forward_is_traced_with_its_cache_apart():
     assert found.kv_cache == 2 * layers * BATCH * SEQ * hidden * 2
 
 
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_an_inference_forward_keeps_the_cache_the_step_asks_for(use_cache):
+    kw = {"batch_size": BATCH, "seq_len": SEQ, "mode": "inference", "dtype": "bf16"}
+    found = estimate(CONFIGS["gpt_neox"](), use_cache=use_cache, **kw)
+    assert "traced on fake tensors" in found.notes[0]
+    layers, hidden = SHAPES["num_hidden_layers"], SHAPES["hidden_size"]
+    assert found.kv_cache == (2 * layers * BATCH * SEQ * hidden * 2 if use_cache else 0)
+
+
 def test_an_encoder_decoder_forward_the_meta_pass_cannot_run_is_traced():
     # BART's decoder reads a value on meta tensors, so its pass (and the meta forward that
     # tells its cache apart) stop; the trace runs it, the cache counted in the activations

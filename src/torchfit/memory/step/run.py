@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RUN_DEFAULTS", "check_step_device", "loop_keywords", "run_keywords"]
+__all__ = ["MODEL_FIELDS", "RUN_DEFAULTS", "check_step_device", "loop_keywords", "run_keywords"]
 
 #: The loop keywords of `trace` and `measure_step` a `Step` gives, with their defaults.
 RUN_DEFAULTS: dict[str, Any] = {
@@ -33,7 +33,7 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 
 #: `Step` fields that describe the model, not the loop, and what to do instead.
-_MODEL_FIELDS = {
+MODEL_FIELDS = {
     "quantization": "load the model quantized (torchfit.quantize.load_quantized)",
     "base_dtype": "load the model in that dtype",
     "lora": "wrap the model with peft.get_peft_model",
@@ -93,7 +93,7 @@ def run_keywords(
             f"leave device= out, or pass step.replace(device={given['device']!r})"
         )
     defaults = {f.name: f.default for f in dataclasses.fields(step)}
-    for name, instead in _MODEL_FIELDS.items():
+    for name, instead in MODEL_FIELDS.items():
         value = getattr(step, name)
         if value != defaults[name]:
             raise ValueError(

@@ -39,21 +39,10 @@ from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.configs import cache_apart, meta_model, pass_sequence
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
+from torchfit.memory.step.run import MODEL_FIELDS
 from torchfit.memory.tracing.tracer import traced_step
 
 __all__ = ["traceable", "traced_language_step"]
-
-#: Fields of a `Step` that the built model carries (set here on the model itself), or
-#: that the trace does not run; `traced_language_step` hands the trace a step without
-#: the first, and `traceable` keeps the second on the meta-device pass.
-_BUILT_INTO_MODEL = (
-    "lora",
-    "lora_rank",
-    "lora_targets",
-    "lora_dropout",
-    "base_dtype",
-    "attn_implementation",
-)
 
 
 def traceable(step: Step) -> bool:
@@ -109,7 +98,8 @@ def _traced(
 ) -> MemoryEstimate:
     """`traced_language_step` without the memo."""
     attention = "eager" if step.attn_implementation == "eager" else "sdpa"
-    model = copy.deepcopy(meta_model(config, attention))
+    base = meta_model(config, attention)
+    model = copy.deepcopy(base)
     if adapters is not None:
         model = with_adapters(model, **adapters)
     _in_step_dtypes(model, step, frozen)
@@ -122,11 +112,14 @@ def _traced(
         checkpointing_on(model)
     seq = pass_sequence(config, step.seq_len)
     batch = example_batch(model, batch_size=step.batch_size, seq_len=seq, training=step.training)
+    # the built model carries what the step says of the model (adapters, dtypes, attention,
+    # the cache); what it cannot carry (a 4/8-bit base, a chunked loss, generate) `traceable`
+    # sent to the meta-device pass: the trace takes the loop only
     defaults = {field.name: field.default for field in dataclasses.fields(Step)}
-    plain = step.replace(**{name: defaults[name] for name in _BUILT_INTO_MODEL})
+    plain = step.replace(**{name: defaults[name] for name in MODEL_FIELDS})
     found = traced_step(model, batch, plain)
     method = (
-        f"method: the step of {type(meta_model(config, attention)).__name__} built from its "
+        f"method: the step of {type(base).__name__} built from its "
         f"config, traced on fake tensors (CUDA rules; no closed form for model_type "
         f"{config.model_type!r}); {seq} tokens per sample"
     )
@@ -135,7 +128,8 @@ def _traced(
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         extra.append(f"LoRA adapters placed by PEFT: {trainable:,} trainable parameters")
     found = found.replace(notes=(method, *found.notes, *extra))
-    if not step.training:  # the cache the forward returns, apart from the activations
+    if not step.training and getattr(model.config, "use_cache", False):
+        # the cache the forward returns, apart from the activations
         try:
             found = cache_apart(found, model, batch, step.compute)
         except RuntimeError:  # its meta forward reads a value (BART): the cache stays in
