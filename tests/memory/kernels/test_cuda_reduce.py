@@ -124,6 +124,13 @@ ATTENTION = [
 def test_the_attention_backward_scratch_is_what_an_h200_allocated(query, key, dtype, measured):
     q = torch.empty(query, dtype=dtype, device="meta")
     k = torch.empty(key, dtype=dtype, device="meta")
-    flash_backward = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-    found = CudaRules()(flash_backward, (q, q, k, k), {}, None)
+    # the trace runs fp32 (ungrouped) attention as the memory-efficient op, the rest as
+    # the CPU flash op standing in for FlashAttention-2
+    efficient = dtype == torch.float32 and query[1] == key[1]
+    backward = (
+        aten._scaled_dot_product_efficient_attention_backward.default
+        if efficient
+        else aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    )
+    found = CudaRules()(backward, (q, q, k, k), {}, None)
     assert abs(found / measured - 1) <= 0.015, found

@@ -10,10 +10,20 @@ fakes and these differences are applied on top:
   falls back to the math path, which materializes the scores and the dropout mask
   (O(s²) bytes per head). CUDA's flash and memory-efficient kernels apply dropout inside
   the kernel from a Philox seed and offset and save only the output and the log-sum-exp.
-  `FusedSdpa` therefore runs SDPA as the fused CPU flash op, which saves exactly that.
-  The seed and offset are 0-dim ``int64`` tensors created on the CPU outside CUDA-graph
-  capture (``mha_fwd`` in ``aten/src/ATen/native/transformers/cuda/flash_attn``), so
-  they add no GPU bytes. Head sizes above 256 stay on the math path, as on a GPU.
+  `FusedSdpa` therefore runs SDPA as a fused op that saves exactly that. The seed and
+  offset are 0-dim ``int64`` tensors created on the CPU outside CUDA-graph capture
+  (``mha_fwd`` in ``aten/src/ATen/native/transformers/cuda/flash_attn``), so they add
+  no GPU bytes. Head sizes above 256 stay on the math path, as on a GPU. Which fused
+  kernel decides the output's layout, and so whether the caller's
+  ``transpose(...).contiguous()`` copies it: FlashAttention-2 (fp16/bf16, no mask)
+  allocates its output like the query it is given (``empty_like``, the same as the CPU
+  flash op the trace runs in its place); the memory-efficient kernel (fp32, or any
+  mask) always in (batch, sequence, heads, head size) order
+  (``_efficient_attention_forward`` in ``aten/src/ATen/native/transformers/cuda/
+  attention.cu``), so the trace runs ATen's own op for it, whose fake-tensor rule
+  allocates the same. torchvision's ``nn.MultiheadAttention`` then copies an fp32
+  output before its ``out_proj`` and Phi-3's concatenated rotary query does not, the
+  reverse of the flash kernel.
 - **Dropout mask.** On CPU, ATen's dropout multiplies by a noise tensor of the input's
   dtype and autograd keeps it (2-4 bytes per element); on CUDA the fused
   ``native_dropout`` keeps a bool mask (1 byte), whenever ``0 < p < 1``
@@ -60,6 +70,9 @@ __all__ = [
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _DROPOUT = torch.nn.functional.dropout
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default  # noqa: SLF001
+_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default  # noqa: SLF001
+#: The dtypes FlashAttention-2 takes; CUDA runs other fused attention memory-efficiently.
+_FLASH_DTYPES = frozenset({torch.float16, torch.bfloat16})
 _MAX_FUSED_HEAD = 256  # flash-attention 2 supports head sizes up to 256
 
 
@@ -153,14 +166,14 @@ class FusedSdpa(TorchFunctionMode):
             query, key, value = (
                 t.to(low) if t.is_floating_point() else t for t in (query, key, value)
             )
+        dropout = float(bound.get("dropout_p", 0.0) or 0.0)
+        causal, mask = bool(bound.get("is_causal", False)), bound.get("attn_mask")
+        efficient = query.dtype not in _FLASH_DTYPES or mask is not None
+        if efficient and key.shape[-3] == query.shape[-3]:  # it takes no grouped heads
+            scale = bound.get("scale")
+            return _efficient(query, key, value, mask, dropout=dropout, causal=causal, scale=scale)
         output, _logsumexp = _FLASH(
-            query,
-            key,
-            value,
-            float(bound.get("dropout_p", 0.0) or 0.0),
-            bool(bound.get("is_causal", False)),
-            attn_mask=bound.get("attn_mask"),
-            scale=bound.get("scale"),
+            query, key, value, dropout, causal, attn_mask=mask, scale=bound.get("scale")
         )
         return output
 
@@ -184,10 +197,45 @@ class FusedSdpa(TorchFunctionMode):
         return torch.native_dropout(tensor, p, train=True)[0]
 
 
+def _efficient(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    dropout: float,
+    causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """The memory-efficient kernel, as ``scaled_dot_product_attention`` calls it on CUDA.
+
+    ``scaled_dot_product_attention`` (``aten/src/ATen/native/transformers/attention.cpp``)
+    turns a boolean mask into an additive bias of the query's dtype
+    (``convert_boolean_attn_mask``: a new tensor of the mask's shape, which the op keeps
+    for its backward, one per call), pads a bias whose strides are not multiples of 8
+    elements and slices it back (``preprocess_mask``), and broadcasts it to (batch,
+    heads, queries, keys). The log-sum-exp is kept only where a gradient will flow.
+    """
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            zero = torch.zeros((), dtype=query.dtype, device=mask.device)
+            mask = torch.where(mask, zero, torch.full_like(zero, float("-inf")))
+        strides = mask.stride()
+        if strides[-1] != 1 or any(stride % 8 for stride in strides[:-1]):
+            length = mask.shape[-1]
+            mask = torch.nn.functional.pad(mask, (0, 8 - length % 8))[..., :length]
+        mask = mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    output: torch.Tensor = _EFFICIENT(query, key, value, mask, grads, dropout, causal, scale=scale)[
+        0
+    ]
+    return output
+
+
 def fused_attention_backward_bytes(args: tuple[Any, ...]) -> int:
     """Scratch of a fused attention's backward on CUDA, from the traced op's arguments.
 
-    ``args`` are those of the CPU flash backward the trace runs in its place (``grad_out,
+    ``args`` are those of the fused backward the trace runs (``grad_out,
     query, key, ...``, each (batch, heads, sequence, head_dim)). CUDA's kernels accumulate
     the query's gradient in fp32 and keep one fp32 row sum per query: batch x heads x
     sequence x (4 x head_dim + 4) bytes, allocated after the three gradients and freed

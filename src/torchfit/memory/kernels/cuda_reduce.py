@@ -41,7 +41,13 @@ __all__ = [
 
 aten = torch.ops.aten
 
-_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default  # noqa: SLF001
+#: The fused attention backwards a CUDA trace runs (`torchfit.memory.kernels.cuda.FusedSdpa`).
+_FUSED_BACKWARD = frozenset(
+    {
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,  # noqa: SLF001
+        aten._scaled_dot_product_efficient_attention_backward.default,  # noqa: SLF001
+    }
+)
 
 #: Reductions that run ``gpu_reduce_kernel`` and whether they take a ``dim`` argument.
 _REDUCTIONS = {
@@ -151,7 +157,7 @@ class CudaRules:
         The `Reduction` (None for scratch that does not depend on the card) is what a
         trace keeps to size the buffer again for another card.
         """
-        if func is _FLASH_BACKWARD:  # the fused attention's backward, as the trace runs it
+        if func in _FUSED_BACKWARD:  # the fused attention's backward, as the trace runs it
             return fused_attention_backward_bytes(args), None
         found = reduction_of(func, args, kwargs)
         if found is None:
