@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch
 from published_data import Case, Source, load
 from published_longest import longest_fitting, longest_table
-from published_models import adam_of, rasbt_step, torchvision_vit_l_16
+from published_models import adam_of, flash_v1_of, rasbt_step, torchvision_vit_l_16
 
 from torchfit.memory import GPU, MemoryEstimate, estimate, gpu, to_device
 from torchfit.memory.catalog.resolve import resolve_model
@@ -90,8 +90,8 @@ MODELS = {
 #: Models the catalog cannot build here, rebuilt from their library's source as plain
 #: modules (benchmarks/published_models.py): torchvision's vit_l_16, whose blocks use
 #: nn.MultiheadAttention (torchvision does not install beside this torch).
-MODULES: dict[str, Callable[[], Any]] = {
-    "torchvision vit_l_16 (10-class head)": lambda: torchvision_vit_l_16(classes=10),
+MODULES: dict[str, Callable[..., Any]] = {
+    "torchvision vit_l_16 (10-class head)": lambda **kw: torchvision_vit_l_16(classes=10, **kw),
 }
 
 #: Precision as the sources write it -> estimate() keywords.
@@ -398,7 +398,7 @@ def _traced(case: Case) -> Trace:
     dtype = _TRACED_DTYPES.get(str(case.precision))
     if dtype is None:
         raise NotExpressible(f"precision {case.precision!r} in a traced loop")
-    model = MODULES[case.model]().to(dtype)
+    model = MODULES[case.model](flash_v1=flash_v1_of(case.cuda_torch)).to(dtype)
     parameters = model.parameters()
     optimizer = (  # the scripts' Adam(lr=5e-5), as their PyTorch ran it; SGD(lr=0.01)
         adam_of(case.cuda_torch)(parameters, lr=5e-5)

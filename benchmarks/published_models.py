@@ -9,7 +9,9 @@ MLP 4096, no dropout, LayerNorm eps 1e-6). Parameter names and initialisation ar
 copied: only what holds memory (parameter shapes, the ops of ``forward``) matters here.
 
 ``AdamBefore104780`` is ``torch.optim.Adam``'s multi-tensor step as PyTorch ran it until
-July 2023, for runs made with a PyTorch of that time (`adam_of`).
+July 2023, for runs made with a PyTorch of that time (`adam_of`). Likewise a run of a
+PyTorch before 2.2 ran its 16-bit attention through FlashAttention v1 (`flash_v1_of`),
+whose output is laid out otherwise than FlashAttention-2's (`flash_v1_layout`).
 
 The runs that used it are traced with their own training loop (`rasbt_step`), torchfit's
 ``trace_step`` on fake tensors, since torchfit's meta-device pass models only a loop that
@@ -18,21 +20,86 @@ frees the gradients before the forward.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["AdamBefore104780", "TorchvisionViT", "adam_of", "rasbt_step", "torchvision_vit_l_16"]
+__all__ = [
+    "AdamBefore104780",
+    "TorchvisionViT",
+    "adam_of",
+    "flash_v1_layout",
+    "flash_v1_of",
+    "rasbt_step",
+    "torchvision_vit_l_16",
+]
+
+
+def _version(written: str | None) -> tuple[int, int, str | None] | None:
+    """(major, minor, nightly date) of a torch version as a source writes it."""
+    found = re.search(r"torch (\d+)\.(\d+)\.\d+(?:\.dev(\d{8}))?", written or "")
+    return None if found is None else (int(found[1]), int(found[2]), found[3])
+
+
+def flash_v1_of(torch_version: str | None) -> bool:
+    """Whether a run of ``torch_version`` ran 16-bit SDPA through FlashAttention v1.
+
+    PyTorch 2.2 (January 2024) brought FlashAttention-2 into
+    ``scaled_dot_product_attention``; 2.0 and 2.1 ran v1 (`flash_v1_layout`). A version
+    not stated is the installed one.
+
+    Example:
+        >>> flash_v1_of("torch 2.1.0.dev20230623+cu118"), flash_v1_of("torch 2.2.0")
+        (True, False)
+    """
+    version = _version(torch_version)
+    return version is not None and version[:2] < (2, 2)
+
+
+@contextlib.contextmanager
+def flash_v1_layout() -> Iterator[None]:
+    """SDPA's 16-bit attention with FlashAttention v1's layouts (PyTorch 2.0 and 2.1).
+
+    ``_scaled_dot_product_flash_attention_cuda`` of those releases
+    (aten/src/ATen/native/transformers/cuda/attention.cu, v2.1.0) reshaped the
+    transposed query, key and value to (batch x sequence, heads, head size), copies
+    wherever they were not laid out (batch, sequence, heads, head size) in memory, and
+    ran v1's varlen kernel, whose output is allocated like those copies. Under
+    ``nn.MultiheadAttention`` (sequence first) all three are copied, and the output,
+    laid out batch first, is copied again before ``out_proj``: what FlashAttention-2,
+    whose output follows the query, and the installed PyTorch do not. Here each 16-bit
+    query, key and value is laid out so before the fused op the trace runs: the op keeps
+    the copies where v1 kept the views of the in-projection (as many bytes), and its
+    output comes out as v1's did. The copies v1 made again in its backward are not
+    modelled.
+    """
+    functional = torch.nn.functional
+    inner = functional.scaled_dot_product_attention
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **k: Any) -> Any:
+        if query.dtype in {torch.float16, torch.bfloat16} and query.dim() == 4:
+            query, key, value = (
+                t.transpose(1, 2).contiguous().transpose(1, 2) for t in (query, key, value)
+            )
+        return inner(query, key, value, *a, **k)
+
+    functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = inner
 
 
 class _EncoderBlock(nn.Module):
     """torchvision's ``EncoderBlock``: pre-LN, ``nn.MultiheadAttention``, GELU MLP."""
 
-    def __init__(self, heads: int, width: int, mlp: int) -> None:
+    def __init__(self, heads: int, width: int, mlp: int, *, flash_v1: bool = False) -> None:
         super().__init__()
+        self.flash_v1 = flash_v1
         self.ln_1 = nn.LayerNorm(width, eps=1e-6)
         self.self_attention = nn.MultiheadAttention(width, heads, dropout=0.0, batch_first=True)
         self.dropout = nn.Dropout(0.0)
@@ -47,7 +114,8 @@ class _EncoderBlock(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         x = self.ln_1(inputs)
-        x, _ = self.self_attention(query=x, key=x, value=x, need_weights=False)
+        with flash_v1_layout() if self.flash_v1 else contextlib.nullcontext():
+            x, _ = self.self_attention(query=x, key=x, value=x, need_weights=False)
         x = self.dropout(x) + inputs
         return x + self.mlp(self.ln_2(x))
 
@@ -56,7 +124,16 @@ class TorchvisionViT(nn.Module):
     """torchvision's ``VisionTransformer`` (no conv stem, no representation layer)."""
 
     def __init__(
-        self, *, image: int, patch: int, layers: int, heads: int, width: int, mlp: int, classes: int
+        self,
+        *,
+        image: int,
+        patch: int,
+        layers: int,
+        heads: int,
+        width: int,
+        mlp: int,
+        classes: int,
+        flash_v1: bool = False,
     ) -> None:
         super().__init__()
         self.patch, self.width = patch, width
@@ -64,7 +141,9 @@ class TorchvisionViT(nn.Module):
         self.class_token = nn.Parameter(torch.zeros(1, 1, width))
         self.pos_embedding = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, width))
         self.dropout = nn.Dropout(0.0)
-        self.layers = nn.Sequential(*(_EncoderBlock(heads, width, mlp) for _ in range(layers)))
+        self.layers = nn.Sequential(
+            *(_EncoderBlock(heads, width, mlp, flash_v1=flash_v1) for _ in range(layers))
+        )
         self.ln = nn.LayerNorm(width, eps=1e-6)
         self.head = nn.Linear(width, classes)
 
@@ -76,8 +155,10 @@ class TorchvisionViT(nn.Module):
         return self.head(x[:, 0])
 
 
-def torchvision_vit_l_16(*, classes: int = 1000) -> TorchvisionViT:
+def torchvision_vit_l_16(*, classes: int = 1000, flash_v1: bool = False) -> TorchvisionViT:
     """``torchvision.models.vit_l_16()`` on the meta device, its head for ``classes``.
+
+    ``flash_v1``: its attention as PyTorch before 2.2 ran it in 16 bits (`flash_v1_layout`).
 
     Example:
         >>> model = torchvision_vit_l_16()
@@ -86,7 +167,14 @@ def torchvision_vit_l_16(*, classes: int = 1000) -> TorchvisionViT:
     """
     with torch.device("meta"):
         return TorchvisionViT(
-            image=224, patch=16, layers=24, heads=16, width=1024, mlp=4096, classes=classes
+            image=224,
+            patch=16,
+            layers=24,
+            heads=16,
+            width=1024,
+            mlp=4096,
+            classes=classes,
+            flash_v1=flash_v1,
         )
 
 
@@ -169,10 +257,10 @@ def adam_of(torch_version: str | None) -> type[torch.optim.Optimizer]:
         >>> adam_of("torch 2.1.0.dev20230623+cu118").__name__, adam_of("torch 2.1.0").__name__
         ('AdamBefore104780', 'Adam')
     """
-    found = re.search(r"torch (\d+)\.(\d+)\.\d+(?:\.dev(\d{8}))?", torch_version or "")
-    if found is None:
+    version = _version(torch_version)
+    if version is None:
         return torch.optim.Adam
-    major, minor, nightly = int(found[1]), int(found[2]), found[3]
+    major, minor, nightly = version
     before = (major, minor) < (2, 1) or (
         (major, minor) == (2, 1) and nightly is not None and nightly < "20230711"
     )

@@ -198,6 +198,48 @@ def test_a_run_is_traced_with_the_adam_of_its_pytorch(written, expected):
     assert published_models.adam_of(written).__name__ == expected
 
 
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("torch 2.1.0.dev20230623+cu118", True),
+        ("torch 2.0.1", True),
+        ("torch 2.2.0", False),
+        ("torch version not stated", False),
+    ],
+)
+def test_a_run_before_pytorch_2_2_ran_flash_attention_v1(written, expected):
+    assert published_models.flash_v1_of(written) is expected
+
+
+@pytest.mark.parametrize(("flash_v1", "copies"), [(False, 1), (True, 5)])
+def test_flash_attention_v1_copies_multihead_attentions_16_bit_tensors(flash_v1, copies):
+    """Sequence-first q, k and v reshaped into copies, and the batch-first output copied.
+
+    Besides the copy of the input the in-projection makes in either case.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchfit.memory.kernels.cuda import FusedSdpa
+
+    class Clones(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.clone.default:
+                self.sizes.append(out.nbytes)
+            return out
+
+    block = published_models._EncoderBlock(4, 32, 64, flash_v1=flash_v1).to(torch.bfloat16)
+    x = torch.randn(2, 9, 32, dtype=torch.bfloat16, requires_grad=True)
+    clones = Clones()
+    with FusedSdpa().installed(), clones:  # CPU's flash op, as a CUDA trace runs
+        block(x)
+    assert clones.sizes.count(x.nbytes) == copies
+
+
 def _step_peak(optimizer_class):
     from torchfit.memory import measure_peak
 
