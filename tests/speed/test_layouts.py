@@ -97,6 +97,24 @@ def test_flash_backward_copies_a_gradient_not_in_its_own_order(permute_first, co
     assert before.count("contiguous") == copies
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_causal_attention_is_causal_forward_and_backward_on_either_kernel(dtype):
+    # fp32 runs as CUDA's memory-efficient op, whose backward has is_causal after
+    # grad_input_mask; 16-bit as the flash op standing in for FlashAttention-2
+    with FakeTensorMode():
+        q = torch.randn(2, 4, 16, 8, dtype=dtype, requires_grad=True)
+
+    def step(recorder):
+        with q.fake_mode, FusedSdpa().installed():
+            out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            recorder.phase = Phase.BACKWARD
+            out.float().sum().backward()
+
+    attention = [op for op in _recorded(step) if op.kind is OpKind.ATTENTION]
+    assert [op.phase for op in attention] == [Phase.FORWARD, Phase.BACKWARD]
+    assert all(op.shape[5] == 1 for op in attention), [op.name for op in attention]
+
+
 def test_attention_dropout_is_read_from_forward_and_backward_schemas():
     flash = "_scaled_dot_product_flash_attention"
     assert attention_dropout(flash, (None, None, None, 0.1), {}) == 0.1

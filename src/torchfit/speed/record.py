@@ -36,6 +36,7 @@ metadata queries launch no kernel and are skipped.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -249,10 +250,11 @@ class OpRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> Op:
         backward = name.endswith("_backward")
         query, key = (args[1], args[2]) if backward else (args[0], args[1])
-        causal = _causal(name, args, kwargs, backward=backward)
+        causal = _causal(name, args, kwargs)
         batch, heads, seq_q, head_dim = query.shape
         seq_k = key.shape[-2]
-        masked = kwargs.get("attn_mask") is not None
+        masks = (_argument(name, a, args, kwargs) for a in ("attn_mask", "attn_bias"))
+        masked = any(mask is not None for mask in masks)
         if self.own_masks is not None and masked:
             masked = False
             causal = self.own_masks and seq_q == seq_k
@@ -295,29 +297,27 @@ def nchw_bytes(x: torch.Tensor, result: torch.Tensor, *, groups: int, backward: 
     return 2 * size + out if backward else size + out
 
 
-def _causal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, backward: bool) -> bool:
+def _argument(name: str, argument: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """``argument`` of a call of the ATen op ``name``, by its schema's position; None if absent."""
+    if argument in kwargs:
+        return kwargs[argument]
+    index = _argument_index(name, argument)
+    return args[index] if index is not None and len(args) > index else None
+
+
+@functools.cache
+def _argument_index(name: str, argument: str) -> int | None:
+    """Where ``argument`` sits in the ATen op ``name``'s schema (``native_functions.yaml``)."""
+    op = getattr(torch.ops.aten, name, None)
+    if op is None or not hasattr(op, "default"):
+        return None
+    names = [a.name for a in op.default._schema.arguments]  # noqa: SLF001
+    return names.index(argument) if argument in names else None
+
+
+def _causal(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """The ``is_causal`` flag of a fused attention op, wherever its schema puts it."""
-    if "is_causal" in kwargs:
-        return bool(kwargs["is_causal"])
-    if name.startswith("_scaled_dot_product_flash_attention_for_cpu"):
-        index = 7 if backward else 4
-    elif name.startswith("_scaled_dot_product_flash_attention"):
-        index = 11 if backward else 4  # backward: after cum_seq_q/k, max_q/k, dropout_p
-    else:  # efficient / cudnn: is_causal after dropout_p
-        index = 10 if backward else 6
-    return bool(args[index]) if len(args) > index and isinstance(args[index], bool) else False
-
-
-#: Where ``dropout_p`` sits in each fused attention op's arguments (PyTorch's
-#: ``native_functions.yaml``), forward and backward.
-_DROPOUT_INDEX = {
-    "_scaled_dot_product_flash_attention_for_cpu": 3,
-    "_scaled_dot_product_flash_attention_for_cpu_backward": 6,
-    "_scaled_dot_product_flash_attention": 3,
-    "_scaled_dot_product_flash_attention_backward": 10,
-    "_scaled_dot_product_efficient_attention": 5,
-    "_scaled_dot_product_efficient_attention_backward": 9,
-}
+    return _argument(name, "is_causal", args, kwargs) is True
 
 
 def attention_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
@@ -329,9 +329,5 @@ def attention_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         >>> attention_dropout("_scaled_dot_product_cudnn_attention", (), {})
         0.0
     """
-    if "dropout_p" in kwargs:
-        return float(kwargs["dropout_p"])
-    index = _DROPOUT_INDEX.get(name)
-    if index is None or len(args) <= index or not isinstance(args[index], int | float):
-        return 0.0
-    return float(args[index])
+    dropout = _argument(name, "dropout_p", args, kwargs)
+    return float(dropout) if isinstance(dropout, int | float) else 0.0
