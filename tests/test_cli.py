@@ -211,7 +211,7 @@ def test_plan_takes_a_hub_id_offline(capsys, monkeypatch, tmp_path):
 def test_plan_an_architecture_without_closed_form_says_so(capsys):
     assert main(["plan", "t5-small", "--gpu", "RTX 3060", "--seq", "128", "--batch", "4"]) == 0
     out = capsys.readouterr().out
-    assert "note: method: meta-device pass of T5ForConditionalGeneration" in out
+    assert "note: method: the step of T5ForConditionalGeneration built from its config" in out
     assert "verdict: FITS" in out
 
 
