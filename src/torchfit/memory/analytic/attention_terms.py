@@ -3,10 +3,12 @@
 `core_terms` is what the attention itself keeps for backward (`attention_bytes` of one
 sequence, per token), cut into the tensors a fused kernel keeps; `output_copied` says
 whether the output projection keeps a copy of the attention's output or the output
-itself.
+itself; `window_masked` whether transformers hands SDPA a mask for a sliding window.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from torchfit.memory.analytic.arch import Family, TransformerSpec
 from torchfit.memory.analytic.formulas import (
@@ -19,7 +21,23 @@ from torchfit.memory.analytic.lora import is_fused
 from torchfit.memory.analytic.settings import BlockSettings
 from torchfit.memory.analytic.term import Term, pieces
 
-__all__ = ["attention_per_token", "core_terms", "output_copied"]
+__all__ = ["attention_per_token", "core_terms", "output_copied", "window_masked"]
+
+
+def window_masked(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> bool:
+    """Whether transformers hands SDPA a boolean mask: a sliding window the sequence reaches.
+
+    Without one it passes ``is_causal`` alone; a window is skipped only while the keys
+    are fewer than it (``_ignore_causal_mask_sdpa`` in transformers'
+    ``masking_utils``: ``kv_length < local_attention_size``). With a mask, SDPA on CUDA
+    runs the memory-efficient kernel (FlashAttention-2 takes none), turns the mask into a
+    bias of the query's dtype that the kernel keeps for its backward, one per layer, and
+    transformers repeats grouped keys and values to every query head first (``repeat_kv``;
+    ``use_gqa_in_sdpa`` asks for no mask). transformers' own FlashAttention-2 path applies
+    the window inside the kernel.
+    """
+    window = spec.sliding_window
+    return s.attention is AttentionImpl.SDPA and window is not None and seq_len >= window
 
 
 def _fused_tensors(spec: TransformerSpec, s: BlockSettings, per_token: float) -> tuple[float, ...]:
@@ -67,7 +85,16 @@ def attention_per_token(
 
 
 def core_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Term]:
-    """What the attention keeps for backward, per token: its tensors where it is fused."""
+    """What the attention keeps for backward, per token: its tensors where it is fused.
+
+    Under a sliding window's mask (`window_masked`) the keys and values it keeps are
+    repeated to every query head, and a fused kernel keeps the mask's bias (``seq_len``
+    entries per token in the query's dtype).
+    """
+    masked = window_masked(spec, seq_len, s)
+    grouped_kv = spec.num_kv_heads < spec.num_heads
+    if masked:  # repeat_kv: the kernel sees (and keeps) every head's keys and values
+        spec = dataclasses.replace(spec, num_kv_heads=spec.num_heads)
     p = spec.attention_dropout if s.training else 0.0
     per_token = attention_per_token(spec, seq_len, s, dropout=p)
     name = f"attention ({s.attention.value})"
@@ -82,16 +109,19 @@ def core_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[Te
     fused = keeps_linear_state(
         s.attention, device=s.device, training=s.training, dropout=p, fp32_grouped=grouped
     )
-    if fused and is_fused(spec) and s.training:
+    if fused and is_fused(spec) and s.training and not (masked and grouped_kv):
         # Phi-3 slices q, k and v out of one qkv_proj output: the value handed to the
         # kernel is a view of it, so the whole output stays saved, not a value-wide one
-        # (the CUDA-target trace of Phi-3 against Llama of the same sizes: q + kv wider)
+        # (the CUDA-target trace of Phi-3 against Llama of the same sizes: q + kv wider);
+        # repeat_kv would hand it a copy instead
         extra = (spec.num_heads * spec.head_dim + spec.kv_dim) * s.dtype.itemsize
         terms.append(Term("qkv_proj output kept by the value's view", extra))
+    if fused and masked and s.training:
+        terms.append(Term("sliding-window mask as the kernel's bias", seq_len * s.dtype.itemsize))
     return terms
 
 
-def output_copied(spec: TransformerSpec, s: BlockSettings) -> bool:
+def output_copied(spec: TransformerSpec, s: BlockSettings, *, masked: bool = False) -> bool:
     """Whether the output projection's input is a copy of the attention's output.
 
     transformers hands the attention output to ``o_proj`` (GPT-2's ``c_proj``, BERT's
@@ -110,14 +140,14 @@ def output_copied(spec: TransformerSpec, s: BlockSettings) -> bool:
     and keeps the projection's (batch, seq, ...) layout; Phi-3's concatenates
     (``torch.cat`` of the rotated and passed-through halves), which leaves the query
     contiguous in (batch, heads, seq, head_dim), and ``contiguous()`` copies. The
-    memory-efficient kernel (fp32) allocates (batch, seq, heads, head_dim) whatever the
-    query's layout.
+    memory-efficient kernel (fp32, or ``masked``: `window_masked`) allocates (batch, seq,
+    heads, head_dim) whatever the query's layout.
     """
     if s.attention is AttentionImpl.EAGER or s.device != "cuda":
         return True
-    if is_fused(spec) and s.dtype.itemsize < FP32:  # flash over a concatenated query
-        return True
-    grouped = s.dtype.itemsize == FP32 and spec.num_kv_heads < spec.num_heads
+    if is_fused(spec) and s.dtype.itemsize < FP32 and not masked:
+        return True  # flash over a concatenated query
+    grouped = s.dtype.itemsize == FP32 and spec.num_kv_heads < spec.num_heads and not masked
     dropout = spec.attention_dropout if s.training else 0.0
     fused = keeps_linear_state(
         s.attention, device=s.device, training=s.training, dropout=dropout, fp32_grouped=grouped

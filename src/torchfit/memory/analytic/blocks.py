@@ -15,6 +15,7 @@ from torchfit.memory.analytic.attention_terms import (
     attention_per_token,
     core_terms,
     output_copied,
+    window_masked,
 )
 from torchfit.memory.analytic.formulas import FP32, INT64, AttentionImpl, dropout_mask_bytes
 from torchfit.memory.analytic.lora import is_fused
@@ -74,7 +75,7 @@ def block_terms(spec: TransformerSpec, seq_len: int, s: BlockSettings) -> list[T
     """Saved tensors of one block, per token, for training."""
     e, h, i = s.dtype.itemsize, spec.hidden, spec.intermediate
     drop = _dropout(spec.dropout, s)
-    copied = output_copied(spec, s)
+    copied = output_copied(spec, s, masked=window_masked(spec, seq_len, s))
     if spec.family is Family.GPT2:
         return [
             layer_norm("ln_1 input + mean/rstd", h * s.residual),

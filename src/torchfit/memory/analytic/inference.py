@@ -8,9 +8,11 @@ hook's), the cache from `formulas.kv_cache_bytes`, and generation's two moments 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from torchfit.memory.analytic.arch import TransformerSpec
+from torchfit.memory.analytic.attention_terms import window_masked
 from torchfit.memory.analytic.blocks import inference_transient
 from torchfit.memory.analytic.formulas import INT64, spec_kv_bytes
 from torchfit.memory.analytic.generation import generation_moments
@@ -53,7 +55,11 @@ def inference_estimate(
     tokens = batch_size * seq_len
     e = settings.dtype.itemsize
     cache = spec.family.value != "bert" if use_cache is None else use_cache
-    kv = spec_kv_bytes(spec, batch_size=batch_size, seq_len=seq_len, dtype=settings.dtype)
+    # a sliding window's cache layer keeps a view of the prompt's whole keys and values
+    # (transformers' DynamicSlidingWindowLayer.update slices the concatenated states):
+    # the window frees the rest at the first decoding step, not at the prompt
+    whole = dataclasses.replace(spec, sliding_window=None)
+    kv = spec_kv_bytes(whole, batch_size=batch_size, seq_len=seq_len, dtype=settings.dtype)
     kv = kv if cache else 0
     if cache:
         notes.append("inference returns the KV cache of every layer")
@@ -62,7 +68,10 @@ def inference_estimate(
     # Alive through the decoder's blocks: the additive 4D mask eager attention builds
     # (batch x 1 x s x s in the compute dtype; BERT builds it when the attention_mask pads
     # a position, as in a batch of unequal lengths, and none otherwise) and RoPE's tables.
+    # SDPA under a sliding window (`window_masked`) gets a boolean one (1 byte an entry).
     mask = batch_size * seq_len * seq_len * e if settings.attention.value == "eager" else 0
+    if window_masked(spec, seq_len, settings):
+        mask = batch_size * seq_len * seq_len
     rope = 2 * seq_len * spec.head_dim * e if spec.family.value == "llama" else 0
     hidden = math.ceil(tokens * spec.hidden * e)
     # The mask and the tables are the decoder's locals: gone when the head makes the logits.
