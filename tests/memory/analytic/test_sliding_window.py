@@ -9,7 +9,7 @@ CUDA-target trace changes by, between the same model with and without a window.
 import pytest
 import torch
 
-from torchfit.memory import estimate, trace
+from torchfit.memory import estimate, measure_step, trace
 
 transformers = pytest.importorskip("transformers")
 
@@ -59,6 +59,23 @@ def test_the_window_costs_what_the_trace_sees(family, kv_heads, precision):
     assert abs(traced - closed) <= 4 * BATCH * SEQ * LAYERS, (traced, closed)
     # at least one layer's bias (a query-by-key matrix per sequence) is alive at the peak
     assert closed >= BATCH * SEQ * SEQ * (4 if precision == "32-true" else 2)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_the_window_costs_on_the_cpu_what_a_real_step_allocates(kv_heads):
+    # the CPU's flash kernel takes the mask as well: the same bias, kept per layer
+    measured, closed = {}, {}
+    for window in (WINDOW, None):
+        config = _config("Mistral", window=window, kv_heads=kv_heads)
+        torch.manual_seed(0)
+        model = transformers.MistralForCausalLM(config)
+        ids = torch.randint(1, 100, (BATCH, SEQ))
+        batch = {"input_ids": ids, "labels": ids}
+        measured[window] = measure_step(model, batch, optimizer="sgd", device="cpu").peak
+        step = dict(batch_size=BATCH, seq_len=SEQ, optimizer="sgd", device="cpu", dtype="fp32")
+        closed[window] = estimate(config, **step).total
+    assert closed[WINDOW] - closed[None] == measured[WINDOW] - measured[None]
+    assert measured[WINDOW] - measured[None] >= BATCH * SEQ * SEQ * 4  # one fp32 bias at least
 
 
 def test_a_window_the_sequence_does_not_reach_changes_nothing():
