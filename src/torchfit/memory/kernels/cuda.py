@@ -226,9 +226,8 @@ def _efficient(
             mask = torch.nn.functional.pad(mask, (0, 8 - length % 8))[..., :length]
         mask = mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    output: torch.Tensor = _EFFICIENT(query, key, value, mask, grads, dropout, causal, scale=scale)[
-        0
-    ]
+    outputs = _EFFICIENT(query, key, value, mask, grads, dropout, causal, scale=scale)
+    output: torch.Tensor = outputs[0]  # then the log-sum-exp and the Philox seed and offset
     return output
 
 
