@@ -91,7 +91,8 @@ def estimate(model: Any, step: Step | None = None, **keywords: Any) -> MemoryEst
         True
         >>> e.total == estimate(GPT2Config(), batch_size=8, seq_len=1024, dtype="bf16").total
         True
-        >>> print(estimate("t5-small", batch_size=8, seq_len=512).notes[0])  # doctest: +ELLIPSIS
+        >>> t5 = estimate("t5-small", batch_size=8, seq_len=512, device="cpu")  # no closed form
+        >>> print(t5.notes[0])  # doctest: +ELLIPSIS
         method: meta-device pass of T5ForConditionalGeneration built from its config (no ...
     """
     step = given_step(step, keywords, where="estimate(model, step)", model=model)
