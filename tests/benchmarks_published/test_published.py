@@ -217,24 +217,12 @@ def test_flash_attention_v1_copies_multihead_attentions_16_bit_tensors(flash_v1,
 
     Besides the copy of the input the in-projection makes in either case.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    from cuda_target import CloneSizes
     from torchfit.memory.kernels.cuda import FusedSdpa
-
-    class Clones(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.sizes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten.clone.default:
-                self.sizes.append(out.nbytes)
-            return out
 
     block = published_models._EncoderBlock(4, 32, 64, flash_v1=flash_v1).to(torch.bfloat16)
     x = torch.randn(2, 9, 32, dtype=torch.bfloat16, requires_grad=True)
-    clones = Clones()
+    clones = CloneSizes()
     with FusedSdpa().installed(), clones:  # CPU's flash op, as a CUDA trace runs
         block(x)
     assert clones.sizes.count(x.nbytes) == copies

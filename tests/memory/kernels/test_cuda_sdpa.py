@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from cuda_target import CloneSizes
 from torchfit.memory.kernels.cuda import FusedSdpa
 
 BATCH, HEADS, SEQ, WIDTH = 2, 4, 16, 8
@@ -72,26 +72,12 @@ def test_grouped_heads_stay_on_the_kernel_that_takes_them():
     assert "Flash" in type(out.grad_fn).__name__
 
 
-class _Clones(TorchDispatchMode):
-    """The byte sizes of the copies ``.contiguous()`` makes."""
-
-    def __init__(self):
-        super().__init__()
-        self.sizes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.clone.default:
-            self.sizes.append(out.numel() * out.element_size())
-        return out
-
-
 @pytest.mark.parametrize(("dtype", "copies"), [(torch.float32, 1), (torch.bfloat16, 0)])
 def test_multihead_attention_copies_the_memory_efficient_output(dtype, copies):
     with FakeTensorMode():
         attention = nn.MultiheadAttention(HEADS * WIDTH, HEADS, batch_first=True, dtype=dtype)
         x = torch.empty(BATCH, SEQ, HEADS * WIDTH, dtype=dtype, requires_grad=True)
-        clones = _Clones()
+        clones = CloneSizes()
         with FusedSdpa().installed(), clones:
             attention(x, x, x, need_weights=False)
     output = BATCH * SEQ * HEADS * WIDTH * dtype.itemsize
