@@ -39,7 +39,7 @@ from torchfit._core.step import (
 from torchfit._core.tensors import reachable_tensors
 from torchfit._core.torch_rules import mean_keeps_input
 from torchfit._core.units import format_bytes
-from torchfit.memory.step.run import check_step_device, run_keywords
+from torchfit.memory.step.run import check_step_device, given_loop, run_keywords
 
 __all__ = ["Measurement", "live_bytes", "measure_peak", "measure_step"]
 
@@ -343,17 +343,7 @@ def measure_step(
         True
     """
     if step is not None:
-        loop_keywords = {
-            "mode": mode,
-            "optimizer": optimizer,
-            "precision": precision,
-            "autocast_dtype": autocast_dtype,
-            "set_to_none": set_to_none,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "keep_output": keep_output,
-            "optimizer_in_backward": optimizer_in_backward,
-            "fp32_output": fp32_output,
-        }
+        loop_keywords = given_loop(locals())
         if device is not None:
             loop_keywords["device"] = device
         where = "measure_step(model, inputs, step=)"

@@ -17,7 +17,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODEL_FIELDS", "RUN_DEFAULTS", "check_step_device", "loop_keywords", "run_keywords"]
+__all__ = [
+    "MODEL_FIELDS",
+    "RUN_DEFAULTS",
+    "check_step_device",
+    "given_loop",
+    "loop_keywords",
+    "run_keywords",
+]
 
 #: The loop keywords of `trace` and `measure_step` a `Step` gives, with their defaults.
 RUN_DEFAULTS: dict[str, Any] = {
@@ -51,6 +58,19 @@ MODEL_FIELDS = {
     "max_new_tokens": "trace your generate loop with trace_step",
     "use_cache": "pass use_cache in the inputs",
 }
+
+
+def given_loop(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The loop keywords among a caller's ``arguments`` (its ``locals()``) for `run_keywords`.
+
+    `trace` and `measure_step` take `RUN_DEFAULTS`' names as keywords beside ``step=``;
+    this picks them out, so neither restates the list.
+
+    Example:
+        >>> given_loop({"model": None, "mode": "train", "keep_output": True})
+        {'mode': 'train', 'keep_output': True}
+    """
+    return {name: value for name, value in arguments.items() if name in RUN_DEFAULTS}
 
 
 def run_keywords(

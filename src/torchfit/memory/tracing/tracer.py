@@ -45,7 +45,7 @@ from torchfit._core.torch_rules import autograd_of
 from torchfit.memory.kernels.cuda import CUBLAS_NOTE
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
-from torchfit.memory.step.run import run_keywords
+from torchfit.memory.step.run import given_loop, run_keywords
 from torchfit.memory.tracing.fake import check_no_quantized_parameters, reachable_tensors
 from torchfit.memory.tracing.result import Trace
 from torchfit.memory.tracing.session import Session, copy_to_fake, new_fake_mode, run_session
@@ -348,17 +348,7 @@ def trace(
         ('cpu', True)
     """
     if step is not None:
-        loop = {
-            "mode": mode,
-            "optimizer": optimizer,
-            "precision": precision,
-            "autocast_dtype": autocast_dtype,
-            "set_to_none": set_to_none,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "keep_output": keep_output,
-            "optimizer_in_backward": optimizer_in_backward,
-            "fp32_output": fp32_output,
-        }
+        loop = given_loop(locals())
         if device != "cpu":
             loop["device"] = device
         run = run_keywords(step, model, example_inputs, loop, where="trace(model, inputs, step=)")
