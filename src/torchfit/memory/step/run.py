@@ -22,6 +22,7 @@ __all__ = [
     "RUN_DEFAULTS",
     "check_step_device",
     "given_loop",
+    "loop_alone",
     "loop_keywords",
     "run_keywords",
 ]
@@ -73,6 +74,15 @@ def given_loop(arguments: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in arguments.items() if name in RUN_DEFAULTS}
 
 
+def loop_alone(step: Any) -> Any:
+    """``step`` with the fields that describe the model (`MODEL_FIELDS`) at their defaults.
+
+    For a run of a model built to carry them (its adapters, dtypes, attention, cache).
+    """
+    fields = dataclasses.fields(step)
+    return step.replace(**{f.name: f.default for f in fields if f.name in MODEL_FIELDS})
+
+
 def run_keywords(
     step: Any, model: Any, example_inputs: object, given: Mapping[str, Any], *, where: str
 ) -> dict[str, Any]:
@@ -112,10 +122,10 @@ def run_keywords(
             f"{where}: device={given['device']!r} and Step(device={step.device!r}) together; "
             f"leave device= out, or pass step.replace(device={given['device']!r})"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(step)}
+    changed = step.changed()
     for name, instead in MODEL_FIELDS.items():
-        value = getattr(step, name)
-        if value != defaults[name]:
+        if name in changed:
+            value = changed[name]
             raise ValueError(
                 f"{where} runs your model as it is built, and Step({name}={value!r}) describes "
                 f"the model, not the loop: {instead}, and leave {name} out of the step "

@@ -27,7 +27,6 @@ to 13% low on Gemma 2 shapes. What the trace cannot run (a 4/8-bit base, a chunk
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any
 
 import torch
@@ -39,7 +38,7 @@ from torchfit.memory.modules.adapters import with_adapters
 from torchfit.memory.modules.configs import cache_apart, meta_model, pass_sequence
 from torchfit.memory.result import MemoryEstimate
 from torchfit.memory.step import Step
-from torchfit.memory.step.run import MODEL_FIELDS
+from torchfit.memory.step.run import loop_alone
 from torchfit.memory.tracing.tracer import traced_step
 
 __all__ = ["traceable", "traced_language_step"]
@@ -115,9 +114,7 @@ def _traced(
     # the built model carries what the step says of the model (adapters, dtypes, attention,
     # the cache); what it cannot carry (a 4/8-bit base, a chunked loss, generate) `traceable`
     # sent to the meta-device pass: the trace takes the loop only
-    defaults = {field.name: field.default for field in dataclasses.fields(Step)}
-    plain = step.replace(**{name: defaults[name] for name in MODEL_FIELDS})
-    found = traced_step(model, batch, plain)
+    found = traced_step(model, batch, loop_alone(step))
     method = (
         f"method: the step of {type(base).__name__} built from its "
         f"config, traced on fake tensors (CUDA rules; no closed form for model_type "
